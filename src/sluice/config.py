@@ -1,0 +1,253 @@
+"""Every setting of the broker, as frozen dataclasses with their defaults in one place.
+
+A configuration is built from defaults, then a TOML file, then environment variables
+(`SLUICE_<SECTION>__<NAME>`, for example `SLUICE_LIMITS__MEMORY_LIMIT_BYTES=1073741824`), then
+command-line flags, and is validated once. It is passed down explicitly: there is no global.
+Names carry their unit (`_bytes`, `_ms`, `_s`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice.errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+DEFAULT_STOMP_HOST = "127.0.0.1"
+DEFAULT_STOMP_PORT = 61613
+
+# Prefetch defaults as ActiveMQ's: credit in messages per subscription kind.
+DEFAULT_QUEUE_PREFETCH = 1000
+DEFAULT_TOPIC_PREFETCH = 32767
+DEFAULT_DURABLE_PREFETCH = 100
+
+
+class StoreKind(enum.Enum):
+    """Which message store the broker runs on."""
+
+    MEMORY = "memory"
+    JOURNAL = "journal"
+
+
+class SyncPolicy(enum.Enum):
+    """When the journal writer syncs to disk."""
+
+    ALWAYS = "always"
+    PERIODIC = "periodic"
+    NEVER = "never"
+
+
+class StreamPolicy(enum.Enum):
+    """What happens to a stream whose consumer dies mid-way."""
+
+    RESUME = "resume"
+    RESTART = "restart"
+    DISCARD = "discard"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every bound of the broker. Nothing that grows with input goes without one of these."""
+
+    max_frame_bytes: int = 64 * MiB
+    max_header_bytes: int = 64 * KiB
+    max_headers: int = 1000
+    max_connections: int = 20_000
+    max_subscriptions_per_connection: int = 1000
+    max_transactions_per_connection: int = 100
+    max_pending_receipts_per_connection: int = 10_000
+    # Whole broker, messages held in memory (queued, paged in, in flight).
+    memory_limit_bytes: int = 1 * GiB
+    # One destination's share of that memory before its producers are paused.
+    destination_memory_limit_bytes: int = 64 * MiB
+    # Flow control resumes producers when usage falls below this fraction of the limit.
+    memory_resume_ratio: float = 0.7
+    max_async_writes: int = 10_000
+    max_async_write_bytes: int = 64 * MiB
+    store_limit_bytes: int = 100 * GiB
+    temp_limit_bytes: int = 50 * GiB
+    send_fail_if_no_space: bool = False
+    write_buffer_high_bytes: int = 1 * MiB
+    write_buffer_low_bytes: int = 256 * KiB
+    slow_consumer_timeout_s: float = 30.0
+    dedup_window: int = 10_000
+    max_message_groups: int = 1024
+    max_destinations: int = 100_000
+
+
+@dataclass(frozen=True)
+class HeartBeat:
+    """Heart-beats the broker offers and the grace it allows a silent peer."""
+
+    send_ms: int = 10_000
+    receive_ms: int = 10_000
+    grace_factor: float = 2.0
+
+
+@dataclass(frozen=True)
+class DestinationPolicy:
+    """Per-destination behaviour. Applied to every destination unless a pattern overrides it."""
+
+    max_redeliveries: int = 6
+    dlq_prefix: str = "DLQ."
+    queue_prefetch: int = DEFAULT_QUEUE_PREFETCH
+    topic_prefetch: int = DEFAULT_TOPIC_PREFETCH
+    durable_prefetch: int = DEFAULT_DURABLE_PREFETCH
+    retention_bytes: int = 0
+    retention_s: float = 0.0
+    group_idle_timeout_s: float = 300.0
+    stream_policy: StreamPolicy = StreamPolicy.RESUME
+    stream_idle_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """The message store and its journal."""
+
+    kind: StoreKind = StoreKind.JOURNAL
+    data_dir: Path = Path("data")
+    journal_file_bytes: int = 32 * MiB
+    sync: SyncPolicy = SyncPolicy.ALWAYS
+    sync_interval_ms: int = 1000
+    checkpoint_interval_s: float = 5.0
+    index_write_batch: int = 1000
+    archive: bool = False
+    compaction_live_ratio: float = 0.2
+    gc_interval_s: float = 30.0
+    concurrent_store_and_dispatch_queues: bool = True
+    concurrent_store_and_dispatch_topics: bool = False
+    repair: bool = False
+    lmdb_map_bytes: int = 64 * GiB
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A STOMP listener address."""
+
+    host: str = DEFAULT_STOMP_HOST
+    port: int = DEFAULT_STOMP_PORT
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole broker configuration."""
+
+    stomp: Listener = field(default_factory=Listener)
+    limits: Limits = field(default_factory=Limits)
+    heartbeat: HeartBeat = field(default_factory=HeartBeat)
+    policy: DestinationPolicy = field(default_factory=DestinationPolicy)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    broker_name: str = "sluice"
+    use_uvloop: bool = True
+
+    def validate(self) -> Config:
+        """Check cross-field rules; return self so calls chain."""
+        lim = self.limits
+        for f in dataclasses.fields(Limits):
+            value = getattr(lim, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                raise ConfigError(f"limits.{f.name} must not be negative (got {value})")
+        if lim.write_buffer_low_bytes > lim.write_buffer_high_bytes:
+            raise ConfigError("limits.write_buffer_low_bytes must not exceed write_buffer_high_bytes")
+        if lim.max_header_bytes > lim.max_frame_bytes:
+            raise ConfigError("limits.max_header_bytes must not exceed max_frame_bytes")
+        if not 0.0 < lim.memory_resume_ratio <= 1.0:
+            raise ConfigError("limits.memory_resume_ratio must be in (0, 1]")
+        if self.store.journal_file_bytes < 1 * MiB:
+            raise ConfigError("store.journal_file_bytes must be at least 1 MiB")
+        if not 0 <= self.stomp.port <= 65535:
+            raise ConfigError(f"stomp.port out of range: {self.stomp.port}")
+        if self.policy.max_redeliveries < 0:
+            raise ConfigError("policy.max_redeliveries must not be negative")
+        return self
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "stomp": Listener,
+    "limits": Limits,
+    "heartbeat": HeartBeat,
+    "policy": DestinationPolicy,
+    "store": StoreConfig,
+}
+
+
+def _coerce(cls: type[Any], name: str, raw: Any, where: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if name not in fields:
+        raise ConfigError(f"{where}: unknown setting {name!r}")
+    default = getattr(cls(), name)
+    try:
+        if isinstance(default, bool):
+            if isinstance(raw, str):
+                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(raw)
+                return raw.lower() in ("true", "1", "yes")
+            if not isinstance(raw, bool):
+                raise ValueError(raw)
+            return raw
+        if isinstance(default, enum.Enum):
+            return type(default)(raw)
+        if isinstance(default, Path):
+            return Path(raw)
+        if isinstance(default, int):
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        return str(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: invalid value {raw!r} for {name}") from exc
+
+
+def _apply(config: Config, section: str, values: Mapping[str, Any], where: str) -> Config:
+    if section not in _SECTIONS:
+        if section in ("broker_name", "use_uvloop"):
+            return dataclasses.replace(
+                config, **{section: _coerce(Config, section, values, where)}
+            )
+        raise ConfigError(f"{where}: unknown section [{section}]")
+    cls = _SECTIONS[section]
+    current = getattr(config, section)
+    changes = {k: _coerce(cls, k, v, f"{where} [{section}]") for k, v in values.items()}
+    return dataclasses.replace(config, **{section: dataclasses.replace(current, **changes)})
+
+
+def load(
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """Build a validated `Config` from defaults, a TOML file, the environment and overrides."""
+    config = Config()
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+        for section, values in data.items():
+            if isinstance(values, dict):
+                config = _apply(config, section, values, str(path))
+            else:
+                config = _apply(config, section, values, str(path))
+    environ = os.environ if env is None else env
+    for key, value in environ.items():
+        if not key.startswith("SLUICE_") or "__" not in key:
+            continue
+        section, _, name = key[len("SLUICE_") :].lower().partition("__")
+        config = _apply(config, section, {name: value}, f"environment {key}")
+    for section, values in (overrides or {}).items():
+        config = _apply(config, section, values, "command line")
+    return config.validate()

@@ -1,0 +1,84 @@
+"""The exception hierarchy shared by every layer.
+
+One base, `SluiceError`. Protocol errors split into the peer's fault (`RemoteProtocolError`) and our
+own caller's (`LocalProtocolError`); store errors name the file and offset; a limit error names the
+limit it hit.
+"""
+
+from __future__ import annotations
+
+
+class SluiceError(Exception):
+    """Base of every error Sluice raises on purpose."""
+
+
+class ConfigError(SluiceError):
+    """A configuration file, flag or environment variable is invalid."""
+
+
+class ProtocolError(SluiceError):
+    """A STOMP protocol violation."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent bytes or frames that break the protocol; the connection cannot go on."""
+
+
+class LocalProtocolError(ProtocolError):
+    """Our own caller misused the protocol API (a bug on this side, not the peer's)."""
+
+
+class LimitExceeded(SluiceError):
+    """A named bound was reached. `limit` is the setting's name, `value` the bound."""
+
+    def __init__(self, limit: str, value: int, detail: str = "") -> None:
+        self.limit = limit
+        self.value = value
+        message = f"limit {limit}={value} exceeded"
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+
+class FrameLimitExceeded(RemoteProtocolError, LimitExceeded):
+    """An inbound frame broke a size or count limit (frame bytes, header bytes, header count)."""
+
+    def __init__(self, limit: str, value: int, detail: str = "") -> None:
+        LimitExceeded.__init__(self, limit, value, detail)
+
+
+class StoreError(SluiceError):
+    """A store failed. Names the file and the offset when the failure is tied to a place."""
+
+    def __init__(self, message: str, path: str | None = None, offset: int | None = None) -> None:
+        self.path = path
+        self.offset = offset
+        where = ""
+        if path is not None:
+            where = f" ({path}" + (f" at offset {offset}" if offset is not None else "") + ")"
+        super().__init__(message + where)
+
+
+class CorruptionError(StoreError):
+    """Damaged data found where it cannot be cut off safely (not at the tail of the newest file)."""
+
+
+class StoreFullError(StoreError, LimitExceeded):
+    """The store or temp store reached its disk limit and the policy is to fail sends."""
+
+    def __init__(self, limit: str, value: int, detail: str = "") -> None:
+        LimitExceeded.__init__(self, limit, value, detail)
+        self.path = None
+        self.offset = None
+
+
+class ClientError(SluiceError):
+    """A client-side failure: connection lost, ERROR frame received, receipt timeout."""
+
+
+class BrokerErrorFrame(ClientError):
+    """The broker answered with an ERROR frame. `message` is its `message` header."""
+
+    def __init__(self, message: str, body: bytes = b"", headers: dict[str, str] | None = None):
+        self.message = message
+        self.body = body
+        self.headers = headers or {}
+        super().__init__(message)

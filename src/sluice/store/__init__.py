@@ -1,0 +1,1 @@
+"""Message stores: the interface (`api`), the in-memory reference store and the journal store."""

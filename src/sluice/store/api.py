@@ -1,0 +1,265 @@
+"""The message store interface that the core programs against, and the values it exchanges.
+
+Both stores (`memory.MemoryStore`, `journal.store.JournalStore`) implement `MessageStore`, and one
+contract test suite runs against both.
+
+Threading: every method is called from the broker's event-loop thread. A store may write on a thread
+of its own; it then reports finished writes by calling the `CompletionSink` given to `open()` from
+that thread, with every handle of a batch in one call. The core's sink hands the batch back to its
+loop. The store knows nothing of asyncio.
+
+Sequences: every destination numbers its messages 1, 2, 3... in the order they became visible.
+A non-transacted message is added with its sequence already assigned. A transacted message is added
+with `seq == 0` as soon as it arrives (it is journaled, not held in memory); `commit()` assigns the
+sequences, in the order the transaction added its messages, and only then are they visible.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class StoredMessage:
+    """A message as the store keeps it. The core's runtime message extends this class."""
+
+    __slots__ = (
+        "body",
+        "destination",
+        "expires_ms",
+        "headers",
+        "message_id",
+        "persistent",
+        "priority",
+        "seq",
+        "timestamp_ms",
+    )
+
+    def __init__(
+        self,
+        destination: str,
+        seq: int,
+        message_id: str,
+        timestamp_ms: int,
+        headers: dict[str, str],
+        body: bytes,
+        *,
+        expires_ms: int = 0,
+        priority: int = 4,
+        persistent: bool = True,
+    ) -> None:
+        self.destination = destination
+        self.seq = seq
+        self.message_id = message_id
+        self.timestamp_ms = timestamp_ms
+        self.headers = headers
+        self.body = body
+        self.expires_ms = expires_ms
+        self.priority = priority
+        self.persistent = persistent
+
+    @property
+    def size(self) -> int:
+        """Bytes this message accounts for in memory and credit: its body and header text."""
+        return len(self.body) + sum(len(k) + len(v) + 2 for k, v in self.headers.items())
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.destination}#{self.seq} {self.message_id}>"
+
+
+class WriteState(enum.Enum):
+    """Where a write stands."""
+
+    PENDING = 0
+    TAKEN = 1  # the writer took it into a batch: it can no longer be cancelled
+    WRITTEN = 2
+    CANCELLED = 3
+    FAILED = 4
+
+
+class WriteHandle:
+    """One asynchronous store operation. `on_complete` runs on the loop once it is written,
+    cancelled or failed (`error` then says why)."""
+
+    __slots__ = ("_lock", "error", "on_complete", "size", "state")
+
+    def __init__(
+        self,
+        on_complete: Callable[[WriteHandle], None] | None,
+        size: int = 0,
+        lock: threading.Lock | None = None,
+    ) -> None:
+        self.on_complete = on_complete
+        self.size = size
+        self.state = WriteState.PENDING
+        self.error: BaseException | None = None
+        self._lock = lock
+
+    @property
+    def done(self) -> bool:
+        """True once written, cancelled or failed."""
+        return self.state in (WriteState.WRITTEN, WriteState.CANCELLED, WriteState.FAILED)
+
+    def try_cancel(self) -> bool:
+        """Cancel if the writer has not taken it yet. Returns True when cancelled.
+
+        A cancelled handle is still completed through the sink (so whoever waits on it, a
+        producer's RECEIPT, is released)."""
+        if self._lock is None:
+            if self.state is WriteState.PENDING:
+                self.state = WriteState.CANCELLED
+                return True
+            return False
+        with self._lock:
+            if self.state is WriteState.PENDING:
+                self.state = WriteState.CANCELLED
+                return True
+            return False
+
+    def __repr__(self) -> str:
+        return f"<WriteHandle {self.state.name} {self.size}B>"
+
+
+CompletionSink = Callable[[Sequence[WriteHandle]], None]
+"""Called by the store, possibly from its writer thread, with a batch of finished handles."""
+
+
+@dataclass
+class RecoveredDestination:
+    """What the store holds for one destination after `open()`."""
+
+    name: str
+    last_seq: int
+    message_count: int
+    message_bytes: int
+    # Highest sequence that may have been dispatched before the stop: messages at or below it are
+    # redelivered with `redelivered:true`.
+    dispatch_mark: int = 0
+    # The most recent `x-dedup-id`s, oldest first, at most the configured window.
+    dedup_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RecoveredSubscription:
+    """A durable topic subscription and its cursor (last sequence it acknowledged)."""
+
+    client_id: str
+    name: str
+    destination: str
+    selector: str | None
+    cursor: int
+
+
+@dataclass
+class Recovery:
+    """The store's state after `open()`, and what recovery had to do to reach it."""
+
+    destinations: list[RecoveredDestination] = field(default_factory=list)
+    subscriptions: list[RecoveredSubscription] = field(default_factory=list)
+    # Human-readable lines: tails cut, records skipped by repair, index rebuilt, and so on.
+    report: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StoreStats:
+    """Numbers the broker exposes and uses for flow control."""
+
+    disk_bytes: int = 0
+    pending_writes: int = 0
+    pending_write_bytes: int = 0
+    files: int = 0
+    written_records: int = 0
+    cancelled_writes: int = 0
+    batches: int = 0
+    syncs: int = 0
+
+
+class MessageStore(Protocol):
+    """What the core needs from a store. Methods marked async return a `WriteHandle`."""
+
+    def open(self, sink: CompletionSink) -> Recovery:
+        """Open (recovering if needed) and return what is stored."""
+        ...
+
+    def close(self) -> None:
+        """Flush pending writes, checkpoint, and release files."""
+        ...
+
+    def add(
+        self,
+        message: StoredMessage,
+        on_complete: Callable[[WriteHandle], None] | None,
+        txid: str | None = None,
+    ) -> WriteHandle:
+        """Async: store a message (its `seq` is 0 when `txid` is given)."""
+        ...
+
+    def remove(
+        self,
+        destination: str,
+        seq: int,
+        on_complete: Callable[[WriteHandle], None] | None = None,
+        txid: str | None = None,
+    ) -> WriteHandle:
+        """Async: the message was consumed. If its add is still pending and no transaction is
+        involved, the add is cancelled and nothing is written for either."""
+        ...
+
+    def remove_range(self, destination: str, upto_seq: int) -> WriteHandle:
+        """Async: drop every message of a destination up to and including `upto_seq` (topic
+        retention and cursors)."""
+        ...
+
+    def load(
+        self, destination: str, after_seq: int, max_count: int, max_bytes: int
+    ) -> list[StoredMessage]:
+        """Committed, unremoved messages with `seq > after_seq`, ascending, at most `max_count`
+        and at least one even if it alone exceeds `max_bytes`."""
+        ...
+
+    def first_seq(self, destination: str, at_or_after_ms: int = 0) -> int:
+        """Lowest stored sequence (0 if none); with a time, the first at or after it."""
+        ...
+
+    def begin(self, txid: str) -> None:
+        """Start a transaction (journaled lazily with its first operation)."""
+        ...
+
+    def commit(
+        self, txid: str, seqs: Sequence[int], on_complete: Callable[[WriteHandle], None] | None
+    ) -> WriteHandle:
+        """Async: make the transaction's adds visible with these sequences, in add order, and
+        apply its removes."""
+        ...
+
+    def abort(self, txid: str) -> None:
+        """Forget the transaction; its adds never become visible."""
+        ...
+
+    def mark_dispatched(self, destination: str, seq: int) -> WriteHandle:
+        """Async: messages of `destination` up to `seq` may be dispatched from now on."""
+        ...
+
+    def delete_destination(self, destination: str) -> WriteHandle:
+        """Async: drop a destination and every message it has."""
+        ...
+
+    def put_subscription(self, sub: RecoveredSubscription) -> WriteHandle:
+        """Async: create or replace a durable subscription (with its cursor)."""
+        ...
+
+    def delete_subscription(self, client_id: str, name: str) -> WriteHandle:
+        """Async: drop a durable subscription."""
+        ...
+
+    def set_cursor(self, client_id: str, name: str, seq: int) -> None:
+        """A durable subscription acknowledged up to `seq`. Persisted with the next write or
+        checkpoint (a cursor that lags after a crash only causes marked redelivery)."""
+        ...
+
+    def stats(self) -> StoreStats:
+        """Current numbers."""
+        ...
