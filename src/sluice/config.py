@@ -158,7 +158,9 @@ class Config:
             if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
                 raise ConfigError(f"limits.{f.name} must not be negative (got {value})")
         if lim.write_buffer_low_bytes > lim.write_buffer_high_bytes:
-            raise ConfigError("limits.write_buffer_low_bytes must not exceed write_buffer_high_bytes")
+            raise ConfigError(
+                "limits.write_buffer_low_bytes must not exceed write_buffer_high_bytes"
+            )
         if lim.max_header_bytes > lim.max_frame_bytes:
             raise ConfigError("limits.max_header_bytes must not exceed max_frame_bytes")
         if not 0.0 < lim.memory_resume_ratio <= 1.0:
@@ -213,9 +215,7 @@ def _coerce(cls: type[Any], name: str, raw: Any, where: str) -> Any:
 def _apply(config: Config, section: str, values: Mapping[str, Any], where: str) -> Config:
     if section not in _SECTIONS:
         if section in ("broker_name", "use_uvloop"):
-            return dataclasses.replace(
-                config, **{section: _coerce(Config, section, values, where)}
-            )
+            return dataclasses.replace(config, **{section: _coerce(Config, section, values, where)})
         raise ConfigError(f"{where}: unknown section [{section}]")
     cls = _SECTIONS[section]
     current = getattr(config, section)

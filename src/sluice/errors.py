@@ -82,3 +82,9 @@ class BrokerErrorFrame(ClientError):
         self.body = body
         self.headers = headers or {}
         super().__init__(message)
+
+
+class RequestError(SluiceError):
+    """A client's request cannot be honoured (unknown ack id, unknown transaction, bad header).
+
+    Its message is written for the client and is safe to send back in an ERROR frame."""

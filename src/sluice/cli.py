@@ -1,0 +1,244 @@
+"""The one entry point: `sluice broker|send|recv|store|bench ...` (also `python -m sluice`).
+
+Exit codes: 0 success, 1 failure with a one-line reason on stderr, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sluice import __version__
+from sluice import config as config_mod
+from sluice.errors import SluiceError
+
+log = logging.getLogger("sluice")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+DEFAULT_BROKER = "127.0.0.1:61613"
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # exit code 2 with a one-line reason
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--broker",
+        default=DEFAULT_BROKER,
+        help="HOST:PORT of the broker; a comma-separated list fails over (default %(default)s)",
+    )
+    p.add_argument("--login", default=None)
+    p.add_argument("--passcode", default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = _Parser(prog="sluice", description="Sluice, a persistent STOMP message broker.")
+    parser.add_argument("--version", action="version", version=f"sluice {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    b = sub.add_parser("broker", help="run the broker")
+    b.add_argument("--config", type=Path, help="TOML configuration file")
+    b.add_argument("--stomp", type=_host_port, help="listen on HOST:PORT (default 127.0.0.1:61613)")
+    b.add_argument("--data", type=Path, help="data directory of the journal store")
+    b.add_argument("--store", choices=["memory", "journal"], help="message store")
+    b.add_argument("--repair", action="store_true", help="skip damaged journal records on start")
+
+    s = sub.add_parser("send", help="send one message")
+    _client_args(s)
+    s.add_argument("destination")
+    s.add_argument("body", nargs="?", help="message body (default: read standard input)")
+    s.add_argument("--persistent", action="store_true")
+    s.add_argument("-H", "--header", action="append", default=[], metavar="NAME:VALUE")
+
+    r = sub.add_parser("recv", help="receive messages and print their bodies")
+    _client_args(r)
+    r.add_argument("destination")
+    r.add_argument("-n", "--count", type=int, default=1, help="messages to receive (0: forever)")
+    r.add_argument("--timeout", type=float, default=None, help="seconds to wait for each message")
+    r.add_argument("--ack", choices=["auto", "client", "client-individual"], default="client")
+    r.add_argument("--show-headers", action="store_true")
+
+    st = sub.add_parser("store", help="offline tools for a journal data directory")
+    st.add_argument("action", choices=["verify", "dump", "rebuild-index", "compact"])
+    st.add_argument("data_dir", type=Path)
+
+    from sluice.bench.cli import add_bench_parser  # noqa: PLC0415 - keeps start-up light
+
+    add_bench_parser(sub)
+    return parser
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def _broker_config(args: argparse.Namespace) -> config_mod.Config:
+    overrides: dict[str, dict[str, Any]] = {}
+    if args.stomp is not None:
+        overrides["stomp"] = {"host": args.stomp[0], "port": args.stomp[1]}
+    store: dict[str, Any] = {}
+    if args.data is not None:
+        store["data_dir"] = str(args.data)
+    if args.store is not None:
+        store["kind"] = args.store
+    if args.repair:
+        store["repair"] = True
+    if store:
+        overrides["store"] = store
+    return config_mod.load(args.config, overrides=overrides)
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    cfg = _broker_config(args)
+    if cfg.use_uvloop:
+        try:
+            import uvloop  # noqa: PLC0415
+
+            uvloop.install()
+        except ImportError:
+            log.info("uvloop is not installed; using the default event loop")
+
+    async def serve() -> None:
+        from sluice.server.listener import BrokerServer  # noqa: PLC0415
+
+        server = BrokerServer(cfg)
+        await server.start()
+        print(
+            f"sluice {__version__} listening on {cfg.stomp.host}:{server.port} "
+            f"(store: {cfg.store.kind.value}"
+            + (f", data: {cfg.store.data_dir}" if cfg.store.kind.value == "journal" else "")
+            + ")",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop()
+
+    asyncio.run(serve())
+    return EXIT_OK
+
+
+def _parse_headers(items: Sequence[str]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition(":")
+        if not sep or not name:
+            raise _UsageError(f"header must be NAME:VALUE, got {item!r}")
+        headers.setdefault(name, value)
+    return headers
+
+
+def _run_send(args: argparse.Namespace) -> int:
+    from sluice.client import BlockingClient  # noqa: PLC0415
+
+    headers = _parse_headers(args.header)
+    body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
+    with BlockingClient(args.broker, login=args.login, passcode=args.passcode) as client:
+        client.send(args.destination, body, headers=headers, persistent=args.persistent)
+    return EXIT_OK
+
+
+def _run_recv(args: argparse.Namespace) -> int:
+    from sluice.client import BlockingClient  # noqa: PLC0415
+
+    received = 0
+    with BlockingClient(args.broker, login=args.login, passcode=args.passcode) as client:
+        sub = client.subscribe(args.destination, ack=args.ack)
+        while args.count == 0 or received < args.count:
+            message = sub.receive(timeout=args.timeout)
+            if message is None:
+                print(f"sluice recv: no message within {args.timeout} s", file=sys.stderr)
+                return EXIT_FAILURE
+            if args.show_headers:
+                for name, value in message.headers.items():
+                    print(f"{name}:{value}")
+                print()
+            sys.stdout.buffer.write(message.body + b"\n")
+            sys.stdout.flush()
+            if args.ack != "auto":
+                client.ack(message)
+            received += 1
+    return EXIT_OK
+
+
+def _run_store(args: argparse.Namespace) -> int:
+    from sluice.store.journal import tools  # noqa: PLC0415
+
+    action = args.action
+    if action == "verify":
+        result = tools.verify(args.data_dir)
+    elif action == "dump":
+        result = tools.dump(args.data_dir, sys.stdout)
+    elif action == "rebuild-index":
+        result = tools.rebuild_index(args.data_dir)
+    else:
+        result = tools.compact(args.data_dir)
+    for line in getattr(result, "lines", []):
+        print(line)
+    return EXIT_OK if getattr(result, "ok", True) else EXIT_FAILURE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        if args.command == "broker":
+            return _run_broker(args)
+        if args.command == "send":
+            return _run_send(args)
+        if args.command == "recv":
+            return _run_recv(args)
+        if args.command == "store":
+            return _run_store(args)
+        if args.command == "bench":
+            from sluice.bench.cli import run_bench  # noqa: PLC0415
+
+            return run_bench(args)
+    except _UsageError as exc:
+        print(f"sluice: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SluiceError as exc:
+        print(f"sluice {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as exc:
+        print(f"sluice {args.command}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_FAILURE
+    parser.error(f"unknown command {args.command}")
+    return EXIT_USAGE

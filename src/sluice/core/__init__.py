@@ -1,0 +1,1 @@
+"""The broker model: destinations, subscriptions, dispatch, credit; knows nothing of STOMP."""

@@ -1,0 +1,271 @@
+"""The broker: destinations, the store's completions, dead letters, flow control and counters.
+
+One `Broker` lives on one event loop. It knows nothing of STOMP or sockets: connections reach it
+through `BrokerConnection` (see `connection.py`) and it reaches them through `Link`.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
+
+from sluice.config import Config
+from sluice.core.destination import Destination
+from sluice.core.message import DestinationKind, Message, parse_destination
+from sluice.core.queue import Queue
+from sluice.core.topic import Topic
+from sluice.core.usage import Usage
+from sluice.errors import LimitExceeded
+from sluice.store.api import MessageStore, Recovery, WriteHandle
+
+log = logging.getLogger(__name__)
+
+ORIGINAL_DESTINATION = "x-original-destination"
+DLQ_REASON = "x-dlq-reason"
+
+
+class Loop(Protocol):
+    """The scheduling the broker needs (an asyncio event loop provides it)."""
+
+    def call_soon(self, callback: Callable[[], object], /) -> object:
+        """Run on the next turn of the loop."""
+        ...
+
+    def call_soon_threadsafe(self, callback: Callable[[], object], /) -> object:
+        """Run on the loop, from any thread."""
+        ...
+
+
+class FlowReason(enum.Enum):
+    """Why a producer's connection stopped being read."""
+
+    MEMORY = "memory"
+    PENDING_WRITES = "pending_writes"
+    DISK = "disk"
+
+
+class Producer(Protocol):
+    """A connection the broker may pause and resume as a producer."""
+
+    def pause_producer(self, reason: FlowReason) -> None:
+        """Stop reading the connection's socket."""
+        ...
+
+    def resume_producer(self, reason: FlowReason) -> None:
+        """Read again."""
+        ...
+
+
+class Broker:
+    """Destinations, the store, and the bounds that protect them."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: MessageStore,
+        loop: Loop,
+        *,
+        now_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.config = config
+        self.limits = config.limits
+        self.store = store
+        self._loop = loop
+        self._now_ms = now_ms or (lambda: int(time.time() * 1000))
+        self.destinations: dict[str, Destination] = {}
+        self.usage = Usage(
+            "broker", self.limits.memory_limit_bytes, self.limits.memory_resume_ratio
+        )
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._ids = itertools.count(1)
+        self._id_prefix = f"ID:{config.broker_name}-{os.getpid()}-{int(time.time())}-"
+        # Store completions arrive from the writer thread; they are drained on the loop.
+        self._completed: collections.deque[WriteHandle] = collections.deque()
+        self._drain_scheduled = False
+        self._drain_lock = threading.Lock()
+        # Persistent writes handed to the store and not yet completed.
+        self.pending_writes = 0
+        self.pending_write_bytes = 0
+        self._write_waiters: dict[Hashable, Producer] = {}
+        self.recovery: Recovery | None = None
+
+    # -- services for destinations ------------------------------------------------------------
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        """Run `callback` on the next turn of the loop."""
+        self._loop.call_soon(callback)
+
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds since the epoch."""
+        return self._now_ms()
+
+    def count(self, metric: str, n: int = 1) -> None:
+        """Add to a counter."""
+        self.counters[metric] += n
+
+    def new_message_id(self) -> str:
+        """A broker-unique message id."""
+        return self._id_prefix + str(next(self._ids))
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def open(self) -> Recovery:
+        """Open the store and rebuild destinations from what it holds."""
+        recovery = self.store.open(self._on_store_completed)
+        for recovered in recovery.destinations:
+            destination = self.destination(recovered.name)
+            destination.last_seq = max(destination.last_seq, recovered.last_seq)
+        self.recovery = recovery
+        return recovery
+
+    def close(self) -> None:
+        """Close the store (flushing what it has)."""
+        self.store.close()
+
+    # -- destinations ---------------------------------------------------------------------------
+
+    def destination(self, name: str) -> Destination:
+        """The destination with this full name (`/queue/x`, `/topic/x`), created on first use."""
+        existing = self.destinations.get(name)
+        if existing is not None:
+            return existing
+        kind, short = parse_destination(name)
+        if len(self.destinations) >= self.limits.max_destinations:
+            self.count("limit_max_destinations")
+            raise LimitExceeded("max_destinations", self.limits.max_destinations, name)
+        policy = self.config.policy
+        usage = Usage(
+            name,
+            self.limits.destination_memory_limit_bytes,
+            self.limits.memory_resume_ratio,
+            parent=self.usage,
+        )
+        destination: Destination
+        if kind is DestinationKind.QUEUE:
+            destination = Queue(
+                self,
+                name,
+                policy,
+                usage,
+                max_groups=self.limits.max_message_groups,
+                concurrent_store_and_dispatch=(
+                    self.config.store.concurrent_store_and_dispatch_queues
+                ),
+                is_dlq=short.startswith(policy.dlq_prefix),
+            )
+        else:
+            destination = Topic(
+                self,
+                name,
+                policy,
+                usage,
+                concurrent_store_and_dispatch=(
+                    self.config.store.concurrent_store_and_dispatch_topics
+                ),
+            )
+        self.destinations[name] = destination
+        return destination
+
+    def dead_letter(self, message: Message, reason: str) -> None:
+        """Send a copy of the message to its dead-letter queue, with where and why."""
+        _, short = parse_destination(message.destination)
+        dlq_name = "/queue/" + self.config.policy.dlq_prefix + short
+        headers = dict(message.headers)
+        headers.setdefault(ORIGINAL_DESTINATION, message.destination)
+        headers[DLQ_REASON] = reason
+        copy = Message(
+            dlq_name,
+            0,
+            message.message_id,
+            message.timestamp_ms,
+            headers,
+            message.body,
+            expires_ms=0,
+            priority=message.priority,
+            persistent=message.persistent,
+        )
+        self.count("dead_lettered")
+        try:
+            dlq = self.destination(dlq_name)
+        except LimitExceeded:
+            log.error("dropped message %s: no room for its DLQ %s", message.message_id, dlq_name)
+            self.count("dead_letter_dropped")
+            return
+        self.track_write(copy)
+        dlq.accept(copy, self.write_done)
+
+    # -- store completions and pending-write bounds ---------------------------------------------
+
+    def _on_store_completed(self, handles: Sequence[WriteHandle]) -> None:
+        # Called from the store's writer thread (or inline by the memory store).
+        self._completed.extend(handles)
+        with self._drain_lock:
+            if self._drain_scheduled:
+                return
+            self._drain_scheduled = True
+        self._loop.call_soon_threadsafe(self._drain_completed)
+
+    def _drain_completed(self) -> None:
+        with self._drain_lock:
+            self._drain_scheduled = False
+        completed = self._completed
+        while completed:
+            handle = completed.popleft()
+            callback = handle.on_complete
+            if callback is not None:
+                callback(handle)
+
+    def track_write(self, message: Message) -> None:
+        """Count a persistent write the store has not completed yet."""
+        if message.persistent:
+            self.pending_writes += 1
+            self.pending_write_bytes += message.nbytes
+
+    def write_done(self, handle: WriteHandle | None) -> None:
+        """A tracked write completed (or was not a write at all when `handle` is None)."""
+        if handle is None:
+            return
+        if handle.error is not None:
+            self.count("store_write_errors")
+        self.pending_writes -= 1
+        self.pending_write_bytes -= handle.size
+        if self._write_waiters and not self.writes_backed_up(resume=True):
+            waiters, self._write_waiters = self._write_waiters, {}
+            for producer in waiters.values():
+                producer.resume_producer(FlowReason.PENDING_WRITES)
+
+    def writes_backed_up(self, *, resume: bool = False) -> bool:
+        """Are pending writes over their bound (or, when deciding to resume, above half of it)?"""
+        factor = 0.5 if resume else 1.0
+        return (
+            self.pending_writes >= self.limits.max_async_writes * factor
+            or self.pending_write_bytes >= self.limits.max_async_write_bytes * factor
+        )
+
+    def wait_for_writes(self, key: Hashable, producer: Producer) -> None:
+        """Pause a producer until pending writes drain."""
+        self.count("flow_paused_pending_writes")
+        self._write_waiters[key] = producer
+        producer.pause_producer(FlowReason.PENDING_WRITES)
+
+    def forget_producer(self, key: Hashable) -> None:
+        """A connection closed: drop it from every wait list."""
+        self._write_waiters.pop(key, None)
+        for destination in self.destinations.values():
+            destination.usage.cancel_wait(key)
+        self.usage.cancel_wait(key)
+
+    def snapshot(self) -> dict[str, int]:
+        """Counters and gauges, for logs, metrics and tests."""
+        out = dict(self.counters)
+        out["memory_used_bytes"] = self.usage.used
+        out["pending_writes"] = self.pending_writes
+        out["destinations"] = len(self.destinations)
+        return out

@@ -1,0 +1,327 @@
+"""One client connection as the core sees it: its subscriptions, deliveries and transactions.
+
+The server's session turns STOMP frames into calls here; every error a client can cause is raised
+as `RequestError` (or `LimitExceeded`) with a message fit to send back in an ERROR frame.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Protocol
+
+from sluice.core.broker import Broker, FlowReason
+from sluice.core.destination import Destination
+from sluice.core.message import AckMode, DestinationNameError, Message
+from sluice.core.selector import SelectorError, compile_selector
+from sluice.core.subscription import Link, Subscription
+from sluice.errors import LimitExceeded, RequestError
+from sluice.store.api import WriteHandle
+
+_connection_ids = itertools.count(1)
+
+
+class ClientLink(Link, Protocol):
+    """A link that is also a producer the broker can pause."""
+
+    def pause_producer(self, reason: FlowReason) -> None:
+        """Stop reading the connection's socket."""
+        ...
+
+    def resume_producer(self, reason: FlowReason) -> None:
+        """Read again."""
+        ...
+
+
+class Transaction:
+    """Messages sent and deliveries acknowledged inside BEGIN ... COMMIT."""
+
+    __slots__ = ("acks", "adds", "held_bytes", "id", "store_id")
+
+    def __init__(self, txid: str, store_id: str) -> None:
+        self.id = txid
+        self.store_id = store_id
+        self.adds: list[tuple[Destination, Message]] = []
+        self.acks: list[tuple[Subscription, int, Message]] = []
+        self.held_bytes = 0
+
+
+class BrokerConnection:
+    """The core's side of one client connection."""
+
+    def __init__(self, broker: Broker, link: ClientLink, client_id: str | None = None) -> None:
+        self.broker = broker
+        self.link = link
+        self.client_id = client_id
+        self.id = next(_connection_ids)
+        self.subs: dict[str, Subscription] = {}
+        self.tags: dict[int, Subscription] = {}
+        self.txs: dict[str, Transaction] = {}
+        self.closed = False
+
+    # -- producing ------------------------------------------------------------------------------
+
+    def _destination(self, name: str) -> Destination:
+        try:
+            return self.broker.destination(name)
+        except DestinationNameError as exc:
+            raise RequestError(str(exc)) from None
+
+    def send(
+        self,
+        message: Message,
+        on_stored: Callable[[WriteHandle | None], None],
+        txid: str | None = None,
+    ) -> None:
+        """Accept a message. `on_stored` runs once it may be receipted. May pause the producer."""
+        destination = self._destination(message.destination)
+        broker = self.broker
+        if txid is not None:
+            tx = self._tx(txid)
+            tx.adds.append((destination, message))
+            tx.held_bytes += message.nbytes
+            broker.usage.add(message.nbytes)
+            if message.persistent:
+                broker.track_write(message)
+                broker.store.add(message, broker.write_done, tx.store_id)
+            on_stored(None)
+        elif message.persistent:
+            broker.track_write(message)
+
+            def stored(handle: WriteHandle | None) -> None:
+                broker.write_done(handle)
+                on_stored(handle)
+
+            destination.accept(message, stored)
+        else:
+            destination.accept(message, on_stored)
+        usage = destination.usage
+        if usage.full:
+            broker.count("flow_paused_memory")
+            usage.wait(self, self._resume_memory)
+            self.link.pause_producer(FlowReason.MEMORY)
+        if broker.writes_backed_up():
+            broker.wait_for_writes(self, self.link)
+
+    def _resume_memory(self) -> None:
+        if not self.closed:
+            self.link.resume_producer(FlowReason.MEMORY)
+
+    # -- consuming ------------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        sub_id: str,
+        destination_name: str,
+        ack_mode: AckMode,
+        *,
+        prefetch: int | None = None,
+        prefetch_bytes: int = 0,
+        selector: str | None = None,
+        exclusive: bool = False,
+        max_open_groups: int = 0,
+    ) -> Subscription:
+        """Start a subscription."""
+        if sub_id in self.subs:
+            raise RequestError(f"subscription id {sub_id!r} is already in use on this connection")
+        limit = self.broker.limits.max_subscriptions_per_connection
+        if len(self.subs) >= limit:
+            self.broker.count("limit_max_subscriptions_per_connection")
+            raise LimitExceeded("max_subscriptions_per_connection", limit)
+        destination = self._destination(destination_name)
+        compiled = None
+        if selector is not None and selector.strip():
+            try:
+                compiled = compile_selector(selector)
+            except SelectorError as exc:
+                raise RequestError(str(exc)) from None
+        policy = destination.policy
+        if prefetch is None:
+            prefetch = (
+                policy.queue_prefetch
+                if destination.kind.value == "queue"
+                else policy.topic_prefetch
+            )
+        sub = Subscription(
+            self.link,
+            sub_id,
+            destination,
+            ack_mode,
+            prefetch,
+            prefetch_bytes,
+            selector=compiled,
+            exclusive=exclusive,
+            max_open_groups=max_open_groups,
+            client_id=self.client_id,
+            tags=self.tags,
+        )
+        self.subs[sub_id] = sub
+        destination.add_subscription(sub)
+        return sub
+
+    def unsubscribe(self, sub_id: str) -> None:
+        """End a subscription; its unacknowledged messages are redelivered to others."""
+        sub = self.subs.pop(sub_id, None)
+        if sub is None:
+            raise RequestError(f"no subscription with id {sub_id!r}")
+        self._drop_subscription(sub)
+
+    def find_subscription_by_destination(self, destination: str) -> str | None:
+        """The id of this connection's subscription to a destination (STOMP 1.0 UNSUBSCRIBE)."""
+        for sub_id, sub in self.subs.items():
+            if sub.destination.name == destination:
+                return sub_id
+        return None
+
+    def _drop_subscription(self, sub: Subscription) -> None:
+        deliveries = list(sub.inflight.items())
+        for tag in sub.inflight:
+            self.tags.pop(tag, None)
+        sub.inflight.clear()
+        sub.inflight_bytes = 0
+        if deliveries:
+            sub.destination.requeue(sub, deliveries, redelivered=True)
+        sub.destination.remove_subscription(sub)
+
+    # -- acknowledgements -----------------------------------------------------------------------
+
+    def _take(self, sub: Subscription, tag: int) -> list[tuple[int, Message]]:
+        inflight = sub.inflight
+        if sub.ack_mode is AckMode.CLIENT:
+            # Cumulative: everything delivered on this subscription up to and including `tag`.
+            taken: list[tuple[int, Message]] = []
+            for t in list(inflight):
+                if t > tag:
+                    break
+                taken.append((t, inflight.pop(t)))
+        else:
+            taken = [(tag, inflight.pop(tag))]
+        tags = self.tags
+        released = 0
+        for t, message in taken:
+            tags.pop(t, None)
+            released += message.nbytes
+        sub.inflight_bytes -= released
+        return taken
+
+    def _lookup(self, tag: int) -> Subscription:
+        sub = self.tags.get(tag)
+        if sub is None or tag not in sub.inflight:
+            raise RequestError(f"no message awaiting acknowledgement with ack id {tag}")
+        return sub
+
+    def ack(self, tag: int, txid: str | None = None) -> None:
+        """Acknowledge a delivery (cumulatively for `client` subscriptions)."""
+        sub = self._lookup(tag)
+        tx = self._tx(txid) if txid is not None else None
+        taken = self._take(sub, tag)
+        destination = sub.destination
+        if tx is None:
+            for t, message in taken:
+                sub.inflight_counts.pop(t, None)
+                destination.settle(sub, message)
+            return
+        store = self.broker.store
+        for t, message in taken:
+            tx.acks.append((sub, t, message))
+            if message.in_store and destination.kind.value == "queue":
+                store.remove(destination.name, message.seq, None, tx.store_id)
+        destination.wakeup()
+
+    def nack(self, tag: int, txid: str | None = None) -> None:
+        """Reject a delivery: it is redelivered, or dead-lettered past max_redeliveries."""
+        sub = self._lookup(tag)
+        if txid is not None:
+            self._tx(txid)
+        taken = self._take(sub, tag)
+        sub.destination.requeue(sub, taken, redelivered=True)
+
+    def tag_for_message_id(self, message_id: str, sub_id: str | None) -> int:
+        """Find the delivery tag of a message (STOMP 1.0 and 1.1 acknowledge by message id)."""
+        if sub_id is not None:
+            sub = self.subs.get(sub_id)
+            candidates = [sub] if sub is not None else []
+        else:
+            candidates = list(self.subs.values())
+        for sub in candidates:
+            # Cumulative acks usually name the newest delivery, individual ones the oldest.
+            order = reversed(sub.inflight) if sub.ack_mode is AckMode.CLIENT else iter(sub.inflight)
+            for tag in order:
+                if sub.inflight[tag].message_id == message_id:
+                    return tag
+        raise RequestError(f"no message awaiting acknowledgement with message-id {message_id!r}")
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    def _tx(self, txid: str) -> Transaction:
+        tx = self.txs.get(txid)
+        if tx is None:
+            raise RequestError(f"unknown transaction {txid!r}")
+        return tx
+
+    def begin(self, txid: str) -> None:
+        """Start a transaction."""
+        if txid in self.txs:
+            raise RequestError(f"transaction {txid!r} is already open")
+        limit = self.broker.limits.max_transactions_per_connection
+        if len(self.txs) >= limit:
+            self.broker.count("limit_max_transactions_per_connection")
+            raise LimitExceeded("max_transactions_per_connection", limit)
+        tx = Transaction(txid, f"{self.id}:{txid}")
+        self.txs[txid] = tx
+        self.broker.store.begin(tx.store_id)
+
+    def commit(self, txid: str, on_done: Callable[[], None]) -> None:
+        """Make the transaction's sends visible and its acks final; `on_done` once written."""
+        tx = self._tx(txid)
+        del self.txs[txid]
+        seqs: list[int] = []
+        for destination, message in tx.adds:
+            destination.reserve_committed(message)
+            if message.persistent:
+                seqs.append(message.seq)
+        broker = self.broker
+
+        def written(handle: WriteHandle | None) -> None:
+            broker.usage.release(tx.held_bytes)
+            for destination, message in tx.adds:
+                destination.publish_committed(message)
+            for sub, _tag, message in tx.acks:
+                sub.destination.settle(sub, message, store_removed=True)
+            on_done()
+
+        if seqs or any(m.in_store for _, _, m in tx.acks):
+            broker.store.commit(tx.store_id, seqs, written)
+        else:
+            broker.store.abort(tx.store_id)
+            written(None)
+
+    def abort(self, txid: str) -> None:
+        """Drop the transaction's sends; its acknowledged messages are redelivered."""
+        tx = self._tx(txid)
+        del self.txs[txid]
+        self._rollback(tx)
+
+    def _rollback(self, tx: Transaction) -> None:
+        self.broker.store.abort(tx.store_id)
+        self.broker.usage.release(tx.held_bytes)
+        by_sub: dict[Subscription, list[tuple[int, Message]]] = {}
+        for sub, tag, message in tx.acks:
+            by_sub.setdefault(sub, []).append((tag, message))
+        for sub, deliveries in by_sub.items():
+            sub.destination.requeue(sub, deliveries, redelivered=True)
+
+    # -- end ------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """The connection ended: abort its transactions, redeliver what it had not acked."""
+        if self.closed:
+            return
+        self.closed = True
+        for tx in list(self.txs.values()):
+            self._rollback(tx)
+        self.txs.clear()
+        for sub in list(self.subs.values()):
+            self._drop_subscription(sub)
+        self.subs.clear()
+        self.broker.forget_producer(self)

@@ -1,0 +1,126 @@
+"""What queues and topics share: identity, usage, the store, and coalesced dispatch.
+
+Dispatch never runs inside the call that made it necessary. `wakeup()` schedules one `_dispatch`
+for the next turn of the loop, however many sends, acks or drained transports asked for it, so a
+burst of frames read in one chunk is dispatched in one pass and written in one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from sluice.config import DestinationPolicy
+from sluice.core.message import DestinationKind, Message
+from sluice.core.usage import Usage
+
+if TYPE_CHECKING:
+    from sluice.core.subscription import Subscription
+    from sluice.store.api import MessageStore, WriteHandle
+
+
+class Services(Protocol):
+    """The broker services a destination calls on (the `Broker` provides them)."""
+
+    store: MessageStore
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        """Run `callback` on the next turn of the loop."""
+        ...
+
+    def now_ms(self) -> int:
+        """Wall-clock time in milliseconds since the epoch."""
+        ...
+
+    def dead_letter(self, message: Message, reason: str) -> None:
+        """Move a message to its destination's dead-letter queue."""
+        ...
+
+    def count(self, metric: str, n: int = 1) -> None:
+        """Add to a counter."""
+        ...
+
+
+class Destination:
+    """A queue or a topic."""
+
+    kind: DestinationKind
+
+    def __init__(
+        self, services: Services, name: str, policy: DestinationPolicy, usage: Usage
+    ) -> None:
+        self.services = services
+        self.store = services.store
+        self.name = name
+        self.policy = policy
+        self.usage = usage
+        self.last_seq = 0
+        self.subscriptions: list[Subscription] = []
+        self._scheduled = False
+        self._dispatch_cb = self._run_dispatch
+
+    # -- dispatch scheduling --------------------------------------------------------------------
+
+    def wakeup(self) -> None:
+        """Ask for a dispatch pass on the next turn of the loop (coalesced)."""
+        if not self._scheduled:
+            self._scheduled = True
+            self.services.call_soon(self._dispatch_cb)
+
+    def _run_dispatch(self) -> None:
+        self._scheduled = False
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Hand messages to subscriptions with credit."""
+        raise NotImplementedError
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def next_seq(self) -> int:
+        """Assign the next sequence number."""
+        self.last_seq += 1
+        return self.last_seq
+
+    def accept(self, message: Message, on_stored: Callable[[WriteHandle | None], None]) -> None:
+        """Take a message from a producer (sequence not yet assigned). `on_stored` runs once it
+        is safe to tell the producer: written, cancelled by an early ACK, or not persistent."""
+        raise NotImplementedError
+
+    def reserve_committed(self, message: Message) -> None:
+        """A transaction is committing a message here: assign its sequence and its place."""
+        raise NotImplementedError
+
+    def publish_committed(self, message: Message) -> None:
+        """The transaction's commit is written: the message becomes visible."""
+        raise NotImplementedError
+
+    def settle(self, sub: Subscription, message: Message, *, store_removed: bool = False) -> None:
+        """A delivered message was acknowledged."""
+        raise NotImplementedError
+
+    def requeue(
+        self, sub: Subscription, deliveries: list[tuple[int, Message]], *, redelivered: bool
+    ) -> None:
+        """Delivered messages (tag, message) come back (NACK, or their consumer left), in
+        delivery order."""
+        raise NotImplementedError
+
+    def add_subscription(self, sub: Subscription) -> None:
+        """A consumer subscribed."""
+        self.subscriptions.append(sub)
+        self.wakeup()
+
+    def remove_subscription(self, sub: Subscription) -> None:
+        """A consumer left; its in-flight messages must already have been requeued."""
+        if sub in self.subscriptions:
+            self.subscriptions.remove(sub)
+        self.wakeup()
+
+    @property
+    def depth(self) -> int:
+        """Messages waiting for a consumer."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"

@@ -1,0 +1,121 @@
+"""The runtime message, destination names and the small enums the core shares."""
+
+from __future__ import annotations
+
+import enum
+
+from sluice.store.api import StoredMessage
+
+QUEUE_PREFIX = "/queue/"
+TOPIC_PREFIX = "/topic/"
+
+# Message properties the core reads (JMS and ActiveMQ names; see DESIGN.md section 3).
+GROUP_ID = "JMSXGroupID"
+GROUP_SEQ = "JMSXGroupSeq"
+DEDUP_ID = "x-dedup-id"
+
+
+class DestinationKind(enum.Enum):
+    """Point to point or publish/subscribe."""
+
+    QUEUE = "queue"
+    TOPIC = "topic"
+
+
+class AckMode(enum.Enum):
+    """How a subscription acknowledges (STOMP `ack` header)."""
+
+    AUTO = "auto"
+    CLIENT = "client"
+    CLIENT_INDIVIDUAL = "client-individual"
+
+
+class DestinationNameError(ValueError):
+    """The destination is not `/queue/NAME` or `/topic/NAME`."""
+
+
+MAX_DESTINATION_NAME_CHARS = 1024
+
+
+def parse_destination(name: str) -> tuple[DestinationKind, str]:
+    """Split `/queue/x` or `/topic/x` into its kind and short name; raise on anything else."""
+    if name.startswith(QUEUE_PREFIX):
+        kind, short = DestinationKind.QUEUE, name[len(QUEUE_PREFIX) :]
+    elif name.startswith(TOPIC_PREFIX):
+        kind, short = DestinationKind.TOPIC, name[len(TOPIC_PREFIX) :]
+    else:
+        raise DestinationNameError(
+            f"destination {name[:100]!r} must start with {QUEUE_PREFIX} or {TOPIC_PREFIX}"
+        )
+    if not short:
+        raise DestinationNameError(f"destination {name!r} has an empty name")
+    if len(name) > MAX_DESTINATION_NAME_CHARS:
+        raise DestinationNameError(
+            f"destination name longer than {MAX_DESTINATION_NAME_CHARS} characters"
+        )
+    return kind, short
+
+
+class Message(StoredMessage):
+    """A message as the broker handles it: what is stored plus its delivery state.
+
+    `wire` caches the encoded header block that every delivery of the message shares; the server
+    fills it on first delivery so a message sent to many consumers is encoded once.
+    """
+
+    __slots__ = ("delivery_count", "group_id", "in_store", "nbytes", "wire")
+
+    def __init__(
+        self,
+        destination: str,
+        seq: int,
+        message_id: str,
+        timestamp_ms: int,
+        headers: dict[str, str],
+        body: bytes,
+        *,
+        expires_ms: int = 0,
+        priority: int = 4,
+        persistent: bool = False,
+    ) -> None:
+        super().__init__(
+            destination,
+            seq,
+            message_id,
+            timestamp_ms,
+            headers,
+            body,
+            expires_ms=expires_ms,
+            priority=priority,
+            persistent=persistent,
+        )
+        self.delivery_count = 0
+        self.group_id: str | None = headers.get(GROUP_ID)
+        self.in_store = False
+        self.wire: bytes | None = None
+        # Computed once: credit and memory accounting read it on every dispatch.
+        self.nbytes = self.size
+
+    @classmethod
+    def from_stored(cls, stored: StoredMessage, delivery_count: int = 0) -> Message:
+        """Wrap a message read back from the store."""
+        if isinstance(stored, Message):
+            return stored
+        msg = cls(
+            stored.destination,
+            stored.seq,
+            stored.message_id,
+            stored.timestamp_ms,
+            stored.headers,
+            stored.body,
+            expires_ms=stored.expires_ms,
+            priority=stored.priority,
+            persistent=stored.persistent,
+        )
+        msg.delivery_count = delivery_count
+        msg.in_store = True
+        return msg
+
+    def expired(self, now_ms: int) -> bool:
+        """True once past its `expires` time (0 never expires)."""
+        return 0 < self.expires_ms <= now_ms

@@ -1,0 +1,154 @@
+"""A subscription: where a consumer's credit and in-flight messages live.
+
+Credit is counted in messages (`prefetch`) and bytes (`prefetch_bytes`, 0 = unlimited): the broker
+stops dispatching to a subscription at either limit, but always allows one message when nothing is
+in flight so a message larger than the byte credit still moves. Auto-acknowledged messages are
+settled when handed to the connection, so their credit is bounded by the connection's write buffer
+(`Link.writable`) instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from sluice.core.message import AckMode, Message
+
+_JMS_IDENTIFIERS: dict[str, Callable[[Message], object]] = {
+    "JMSMessageID": lambda m: m.message_id,
+    "JMSPriority": lambda m: m.priority,
+    "JMSTimestamp": lambda m: m.timestamp_ms,
+    "JMSExpiration": lambda m: m.expires_ms,
+    "JMSDeliveryMode": lambda m: "PERSISTENT" if m.persistent else "NON_PERSISTENT",
+    "JMSRedelivered": lambda m: m.delivery_count > 0,
+    "JMSCorrelationID": lambda m: m.headers.get("correlation-id"),
+    "JMSType": lambda m: m.headers.get("type"),
+    "JMSReplyTo": lambda m: m.headers.get("reply-to"),
+    "JMSDestination": lambda m: m.destination,
+}
+
+
+def message_lookup(message: Message) -> Callable[[str], object | None]:
+    """The identifier lookup a selector evaluates against: JMS header names, then properties."""
+    headers = message.headers
+
+    def lookup(name: str) -> object | None:
+        getter = _JMS_IDENTIFIERS.get(name)
+        if getter is not None:
+            return getter(message)
+        return headers.get(name)
+
+    return lookup
+
+
+if TYPE_CHECKING:
+    from sluice.core.destination import Destination
+    from sluice.core.selector import Selector
+
+
+class Link(Protocol):
+    """What the core needs from a client connection (the server's session implements it)."""
+
+    @property
+    def writable(self) -> bool:
+        """False while the connection's outbound buffer is above its high-water mark."""
+        ...
+
+    def deliver(self, sub: Subscription, message: Message, tag: int, delivery_count: int) -> None:
+        """Queue a MESSAGE frame for this subscription. `tag` identifies the delivery for ACK
+        (0 for auto-acknowledged ones); `delivery_count` is 1 on the first delivery."""
+        ...
+
+
+class Subscription:
+    """One SUBSCRIBE of one connection to one destination (or a durable subscription)."""
+
+    __slots__ = (
+        "ack_mode",
+        "auto",
+        "client_id",
+        "destination",
+        "durable_name",
+        "exclusive",
+        "groups",
+        "id",
+        "inflight",
+        "inflight_bytes",
+        "inflight_counts",
+        "link",
+        "link_data",
+        "max_open_groups",
+        "next_seq",
+        "prefetch",
+        "prefetch_bytes",
+        "redeliver",
+        "selector",
+        "tags",
+    )
+
+    def __init__(
+        self,
+        link: Link,
+        sub_id: str,
+        destination: Destination,
+        ack_mode: AckMode,
+        prefetch: int,
+        prefetch_bytes: int = 0,
+        *,
+        selector: Selector | None = None,
+        exclusive: bool = False,
+        max_open_groups: int = 0,
+        durable_name: str | None = None,
+        client_id: str | None = None,
+        tags: dict[int, Subscription] | None = None,
+    ) -> None:
+        self.link = link
+        self.id = sub_id
+        self.destination = destination
+        self.ack_mode = ack_mode
+        self.auto = ack_mode is AckMode.AUTO
+        self.prefetch = max(1, prefetch)
+        self.prefetch_bytes = prefetch_bytes
+        self.selector = selector
+        self.exclusive = exclusive
+        self.max_open_groups = max_open_groups
+        self.durable_name = durable_name
+        self.client_id = client_id
+        # delivery tag -> message, in delivery order (a cumulative ACK pops from the front).
+        self.inflight: dict[int, Message] = {}
+        self.inflight_bytes = 0
+        # Delivery counts above 1 of in-flight topic messages (a queue message carries its own).
+        self.inflight_counts: dict[int, int] = {}
+        # The connection-wide map from delivery tag to subscription (STOMP 1.2 ACK carries only
+        # the tag).
+        self.tags: dict[int, Subscription] = {} if tags is None else tags
+        # Message groups this subscription owns (group id -> number of its messages in flight).
+        self.groups: dict[str, int] = {}
+        # Topic subscriptions: the next sequence to deliver, and messages put back by NACK.
+        self.next_seq = 0
+        self.redeliver: list[tuple[Message, int]] = []
+        # Opaque to the core: the link caches what it needs per subscription (encoded headers).
+        self.link_data: bytes = b""
+
+    def ready(self) -> bool:
+        """May the destination hand this subscription another message now?"""
+        if not self.link.writable:
+            return False
+        if self.auto:
+            return True
+        inflight = self.inflight
+        if not inflight:
+            return True
+        if len(inflight) >= self.prefetch:
+            return False
+        return not self.prefetch_bytes or self.inflight_bytes < self.prefetch_bytes
+
+    def matches(self, message: Message) -> bool:
+        """Does the subscription's selector accept the message (no selector accepts all)?"""
+        selector = self.selector
+        if selector is None:
+            return True
+        return selector.matches(message_lookup(message))
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.id} on {self.destination.name} inflight={len(self.inflight)}>"

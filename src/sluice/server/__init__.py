@@ -1,0 +1,1 @@
+"""asyncio listeners and the session that bridges STOMP events to core calls."""

@@ -1,0 +1,73 @@
+"""One flow-control object per connection: every pause and resume of reading goes through it.
+
+Reading stops while any reason holds (a destination over its memory limit, too many pending store
+writes, too many receipts waiting, disk full) and resumes only when none does. Writing has its own
+state, fed by the transport's high/low water marks.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+
+class ReadPause(enum.Enum):
+    """Why a connection is not being read."""
+
+    MEMORY = "memory"
+    PENDING_WRITES = "pending_writes"
+    DISK = "disk"
+    RECEIPTS = "receipts"
+    CLOSING = "closing"
+
+
+class FlowControl:
+    """Tracks why reading is paused and whether the peer is keeping up with our writes."""
+
+    __slots__ = ("_pause", "_reasons", "_resume", "paused_writing_since", "writable")
+
+    def __init__(self, pause_reading: Callable[[], None], resume_reading: Callable[[], None]):
+        self._pause = pause_reading
+        self._resume = resume_reading
+        self._reasons: set[ReadPause] = set()
+        self.writable = True
+        self.paused_writing_since: float | None = None
+
+    @property
+    def reading_paused(self) -> bool:
+        """True while any reason to stop reading holds."""
+        return bool(self._reasons)
+
+    @property
+    def reasons(self) -> frozenset[ReadPause]:
+        """The reasons that currently hold."""
+        return frozenset(self._reasons)
+
+    def pause(self, reason: ReadPause) -> None:
+        """Stop reading for `reason` (idempotent)."""
+        if reason in self._reasons:
+            return
+        first = not self._reasons
+        self._reasons.add(reason)
+        if first:
+            self._pause()
+
+    def resume(self, reason: ReadPause) -> bool:
+        """Drop `reason`; resume reading if no other holds. Returns True if reading resumed."""
+        if reason not in self._reasons:
+            return False
+        self._reasons.discard(reason)
+        if not self._reasons:
+            self._resume()
+            return True
+        return False
+
+    def writing_paused(self, now: float) -> None:
+        """The transport's buffer went above its high-water mark."""
+        self.writable = False
+        self.paused_writing_since = now
+
+    def writing_resumed(self) -> None:
+        """The transport's buffer drained below its low-water mark."""
+        self.writable = True
+        self.paused_writing_since = None

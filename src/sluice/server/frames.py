@@ -1,0 +1,103 @@
+"""Between STOMP frames and core messages: SEND headers in, MESSAGE headers out.
+
+Headers the broker sets or consumes are not stored as user properties; every other header of a
+SEND travels with the message untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sluice.core.message import Message
+from sluice.errors import RequestError
+from sluice.stomp.codec import escape_value
+from sluice.stomp.frames import Frame, Version
+
+# Set per delivery or consumed by the broker; never stored as user properties.
+BROKER_HEADERS = frozenset(
+    {
+        "destination",
+        "content-length",
+        "receipt",
+        "transaction",
+        "message-id",
+        "subscription",
+        "ack",
+        "redelivered",
+        "x-delivery-count",
+        "x-offset",
+        "persistent",
+        "priority",
+        "expires",
+        "timestamp",
+    }
+)
+
+DEFAULT_PRIORITY = 4
+
+
+def parse_int_header(
+    headers: Mapping[str, str], name: str, *, minimum: int = 0, maximum: int | None = None
+) -> int | None:
+    """An integer header, or None when absent; a malformed or out-of-range value is an error."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise RequestError(f"header {name} must be an integer, got {raw[:40]!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f" and {maximum}" if maximum is not None else ""
+        raise RequestError(f"header {name} must be between {minimum}{upper}, got {value}")
+    return value
+
+
+def build_message(frame: Frame, message_id: str, now_ms: int) -> Message:
+    """Turn a SEND frame into a message (sequence assigned later by its destination)."""
+    h = frame.headers
+    priority = DEFAULT_PRIORITY
+    expires = 0
+    if "priority" in h:
+        priority = parse_int_header(h, "priority", minimum=0, maximum=9) or 0
+    if "expires" in h:
+        expires = parse_int_header(h, "expires", minimum=0) or 0
+    user = {k: v for k, v in h.items() if k not in BROKER_HEADERS}
+    return Message(
+        h["destination"],
+        0,
+        message_id,
+        now_ms,
+        user,
+        frame.body,
+        expires_ms=expires,
+        priority=priority,
+        persistent=h.get("persistent", "").lower() == "true",
+    )
+
+
+def encode_common_headers(message: Message, version: Version) -> bytes:
+    """The header lines every delivery of a message shares, through the blank line."""
+    escape = version is not Version.V1_0
+    lines = [
+        "destination:" + _v(message.destination, escape, version),
+        "message-id:" + _v(message.message_id, escape, version),
+        f"timestamp:{message.timestamp_ms}",
+        f"x-offset:{message.seq}",
+    ]
+    if message.expires_ms:
+        lines.append(f"expires:{message.expires_ms}")
+    if message.priority != DEFAULT_PRIORITY:
+        lines.append(f"priority:{message.priority}")
+    if message.persistent:
+        lines.append("persistent:true")
+    for key, value in message.headers.items():
+        lines.append(_v(key, escape, version) + ":" + _v(value, escape, version))
+    lines.append(f"content-length:{len(message.body)}")
+    lines.append("")
+    lines.append("")
+    return "\n".join(lines).encode()
+
+
+def _v(value: str, escape: bool, version: Version) -> str:
+    return escape_value(value, version) if escape else value

@@ -1,0 +1,102 @@
+"""The broker server: opens the store, listens for STOMP connections, and shuts down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from sluice import __version__
+from sluice.config import Config, StoreKind
+from sluice.core.broker import Broker
+from sluice.server.session import StompSession
+from sluice.stomp.codec import StompLimits
+from sluice.store.api import MessageStore
+from sluice.store.memory import MemoryStore
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 30.0
+
+
+def open_store(config: Config) -> MessageStore:
+    """The store the configuration asks for."""
+    if config.store.kind is StoreKind.MEMORY:
+        return MemoryStore()
+    from sluice.store.journal.store import JournalStore  # noqa: PLC0415 - optional heavy import
+
+    return JournalStore.from_config(config.store, config.limits)
+
+
+class BrokerServer:
+    """A broker and its STOMP listener on one event loop."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: MessageStore | None = None,
+        authenticate: Callable[[str | None, str | None], bool] | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.broker_name
+        self.version = __version__
+        self.loop = asyncio.get_running_loop()
+        self.broker = Broker(config, store if store is not None else open_store(config), self.loop)
+        self.stomp_limits = StompLimits(
+            max_frame_bytes=config.limits.max_frame_bytes,
+            max_header_bytes=config.limits.max_header_bytes,
+            max_headers=config.limits.max_headers,
+        )
+        self.connect_timeout_s = CONNECT_TIMEOUT_S
+        self.sessions: set[StompSession] = set()
+        self._authenticate = authenticate
+        self._server: asyncio.base_events.Server | None = None
+        self.port = 0
+
+    def authenticate(self, login: str | None, passcode: str | None) -> bool:
+        """Check credentials (everyone is let in unless an authenticator is configured)."""
+        if self._authenticate is None:
+            return True
+        return self._authenticate(login, passcode)
+
+    def _new_session(self) -> StompSession:
+        if len(self.sessions) >= self.config.limits.max_connections:
+            self.broker.count("limit_max_connections")
+        return StompSession(self)
+
+    async def start(self) -> None:
+        """Recover the store and start listening."""
+        recovery = self.broker.open()
+        for line in recovery.report:
+            log.warning("store recovery: %s", line)
+        self._server = await self.loop.create_server(
+            self._new_session,
+            self.config.stomp.host,
+            self.config.stomp.port,
+            reuse_address=True,
+            backlog=4096,
+        )
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+        log.info(
+            "sluice %s listening for STOMP on %s:%d (store: %s)",
+            self.version,
+            self.config.stomp.host,
+            self.port,
+            self.config.store.kind.value,
+        )
+
+    async def stop(self) -> None:
+        """Stop listening, close every session, then close the store."""
+        if self._server is not None:
+            self._server.close()
+        for session in list(self.sessions):
+            session.shutdown()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        # Let the transports flush what they hold and run connection_lost.
+        await asyncio.sleep(0)
+        self.broker.close()
+        log.info("sluice stopped")

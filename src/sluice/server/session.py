@@ -1,0 +1,544 @@
+"""A STOMP session: the asyncio protocol that joins one socket, the STOMP state machine and the
+core's `BrokerConnection`.
+
+Reading: each chunk goes to the parser, and frames are handled one at a time until the parser
+needs more bytes or flow control pauses reading; frames already buffered wait in the parser.
+Writing: frames for the peer are appended to `_out` and written once per loop turn, in one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import socket
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sluice.core.broker import FlowReason
+from sluice.core.connection import BrokerConnection
+from sluice.core.message import AckMode, Message
+from sluice.core.subscription import Subscription
+from sluice.errors import LimitExceeded, RemoteProtocolError, RequestError
+from sluice.server.flow import FlowControl, ReadPause
+from sluice.server.frames import build_message, encode_common_headers, parse_int_header
+from sluice.stomp.codec import escape_value
+from sluice.stomp.connection import ConnState, Role, StompConnection
+from sluice.stomp.frames import Command, Frame, HeartBeat, Version
+
+if TYPE_CHECKING:
+    from sluice.server.listener import BrokerServer
+    from sluice.store.api import WriteHandle
+
+log = logging.getLogger(__name__)
+
+
+class CloseReason(enum.Enum):
+    """Why the broker closed (or saw the end of) a connection. Logged and counted."""
+
+    CLIENT_DISCONNECT = "client_disconnect"
+    PEER_CLOSED = "peer_closed"
+    PROTOCOL_ERROR = "protocol_error"
+    REQUEST_ERROR = "request_error"
+    LIMIT = "limit"
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
+    CONNECT_TIMEOUT = "connect_timeout"
+    SLOW_CONSUMER = "slow_consumer"
+    SHUTDOWN = "shutdown"
+    INTERNAL_ERROR = "internal_error"
+
+
+_FLOW_TO_PAUSE = {
+    FlowReason.MEMORY: ReadPause.MEMORY,
+    FlowReason.PENDING_WRITES: ReadPause.PENDING_WRITES,
+    FlowReason.DISK: ReadPause.DISK,
+}
+
+_ACK_MODES = {m.value: m for m in AckMode}
+
+
+class _SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        return f"[{self.extra['conn']} {self.extra['peer']}] {msg}", kwargs  # type: ignore[index]
+
+
+class StompSession(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        self.broker = server.broker
+        self.config = server.config
+        self.loop = server.loop
+        limits = self.config.limits
+        self.stomp = StompConnection(
+            Role.SERVER, server.stomp_limits, grace_factor=self.config.heartbeat.grace_factor
+        )
+        self.transport: asyncio.Transport | None = None
+        self.core: BrokerConnection | None = None
+        self.flow = FlowControl(self._pause_reading, self._resume_reading)
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        # Receipts wait in order behind the persistent sends before them: [receipt-id, done].
+        self._receipts: deque[list[Any]] = deque()
+        self._max_receipts = limits.max_pending_receipts_per_connection
+        self._timer: asyncio.TimerHandle | None = None
+        self._slow_timer: asyncio.TimerHandle | None = None
+        self._closing = False
+        self._processing = False
+        self.close_reason: CloseReason | None = None
+        self.log: logging.LoggerAdapter = _SessionLog(log, {"conn": "-", "peer": "-"})  # type: ignore[type-arg]
+        self._version = Version.V1_2
+        self._ack_by_id = True
+
+    # -- asyncio protocol -----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Set buffer limits and arm the CONNECT deadline."""
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        limits = self.config.limits
+        transport.set_write_buffer_limits(
+            high=limits.write_buffer_high_bytes, low=limits.write_buffer_low_bytes
+        )
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.log = _SessionLog(log, {"conn": id(self) % 100000, "peer": peer})
+        self.server.sessions.add(self)
+        self._timer = self.loop.call_later(self.server.connect_timeout_s, self._connect_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the parser and handle what it yields."""
+        if self._closing:
+            return
+        self.stomp.receive_data(data, self.loop.time())
+        self._process()
+
+    def eof_received(self) -> bool:
+        """The peer half-closed: treat it as a close."""
+        self._shutdown(CloseReason.PEER_CLOSED)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Release everything the connection held."""
+        self._shutdown(self.close_reason or CloseReason.PEER_CLOSED)
+        self.server.sessions.discard(self)
+
+    def pause_writing(self) -> None:
+        """The peer is not keeping up: stop dispatching to this connection."""
+        self.flow.writing_paused(self.loop.time())
+        self.broker.count("write_paused")
+        if self._slow_timer is None:
+            self._slow_timer = self.loop.call_later(
+                self.config.limits.slow_consumer_timeout_s, self._slow_consumer
+            )
+
+    def resume_writing(self) -> None:
+        """The peer caught up: dispatch again."""
+        self.flow.writing_resumed()
+        if self._slow_timer is not None:
+            self._slow_timer.cancel()
+            self._slow_timer = None
+        if self.core is not None:
+            for sub in self.core.subs.values():
+                sub.destination.wakeup()
+
+    # -- flow control ---------------------------------------------------------------------------
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+            # Frames already buffered in the parser are handled now, not at the next read.
+            self.loop.call_soon(self._process)
+
+    @property
+    def writable(self) -> bool:
+        """The core dispatches to this connection only while it is writable."""
+        return self.flow.writable and not self._closing
+
+    def pause_producer(self, reason: FlowReason) -> None:
+        """The core asks to stop reading this producer."""
+        self.flow.pause(_FLOW_TO_PAUSE[reason])
+
+    def resume_producer(self, reason: FlowReason) -> None:
+        """The core allows reading this producer again."""
+        self.flow.resume(_FLOW_TO_PAUSE[reason])
+
+    # -- the frame loop -------------------------------------------------------------------------
+
+    def _process(self) -> None:
+        if self._processing or self._closing:
+            return
+        self._processing = True
+        stomp = self.stomp
+        flow = self.flow
+        try:
+            while not flow.reading_paused and not self._closing:
+                event = stomp.next_event()
+                if event is None:
+                    break
+                if isinstance(event, HeartBeat):
+                    continue
+                self._handle(event)
+        except RemoteProtocolError as exc:
+            self.broker.count("protocol_errors")
+            self._fail(CloseReason.PROTOCOL_ERROR, str(exc))
+        except Exception:
+            self.log.exception("internal error while handling a frame")
+            self._fail(CloseReason.INTERNAL_ERROR, "internal error")
+        finally:
+            self._processing = False
+
+    def _handle(self, frame: Frame) -> None:
+        command = frame.command
+        if command is Command.CONNECT or command is Command.STOMP:
+            self._on_connect(frame)
+            return
+        core = self.core
+        assert core is not None
+        receipt = frame.headers.get("receipt")
+        try:
+            handler = self._handlers[command]
+            handler(self, core, frame, receipt)
+        except (RequestError, LimitExceeded) as exc:
+            reason = (
+                CloseReason.LIMIT if isinstance(exc, LimitExceeded) else CloseReason.REQUEST_ERROR
+            )
+            self._fail(reason, str(exc), receipt_id=receipt, frame=frame)
+
+    # -- CONNECT --------------------------------------------------------------------------------
+
+    def _on_connect(self, frame: Frame) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        hb = self.config.heartbeat
+        authenticated = self.server.authenticate(
+            frame.headers.get("login"), frame.headers.get("passcode")
+        )
+        if not authenticated:
+            self._fail(CloseReason.REQUEST_ERROR, "access refused: bad login or passcode")
+            return
+        data = self.stomp.accept(
+            frame,
+            server_heartbeat=(hb.send_ms, hb.receive_ms),
+            server_name=f"sluice/{self.server.version}",
+            session=f"{self.server.name}-{id(self)}",
+        )
+        self._version = self.stomp.version
+        self._ack_by_id = self._version is Version.V1_2
+        self.core = BrokerConnection(self.broker, self, frame.headers.get("client-id"))
+        self.broker.count("connections_accepted")
+        self._write(data)
+        self._arm_heartbeat()
+        receipt = frame.headers.get("receipt")
+        if receipt is not None:
+            self._receipt(receipt)
+
+    # -- frame handlers -------------------------------------------------------------------------
+
+    def _on_send(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
+        message = build_message(frame, self.broker.new_message_id(), self.broker.now_ms())
+        txid = frame.headers.get("transaction")
+        if message.persistent and txid is None:
+            entry = [receipt, False]
+            self._receipts.append(entry)
+
+            def stored(handle: WriteHandle | None) -> None:
+                entry[1] = True
+                self._flush_receipts()
+
+            core.send(message, stored, txid)
+            if len(self._receipts) >= self._max_receipts:
+                self.flow.pause(ReadPause.RECEIPTS)
+        else:
+            core.send(message, _ignore, txid)
+            if receipt is not None:
+                self._receipt(receipt)
+
+    def _on_subscribe(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
+        h = frame.headers
+        destination = h["destination"]
+        sub_id = h.get("id", destination)
+        mode = _ACK_MODES.get(h.get("ack", "auto"))
+        if mode is None:
+            raise RequestError(f"unknown ack mode {h.get('ack')!r} in SUBSCRIBE")
+        prefetch = parse_int_header(h, "activemq.prefetchSize", minimum=1)
+        sub = core.subscribe(
+            sub_id,
+            destination,
+            mode,
+            prefetch=prefetch,
+            prefetch_bytes=parse_int_header(h, "x-prefetch-bytes", minimum=0) or 0,
+            selector=h.get("selector"),
+            exclusive=h.get("activemq.exclusive") == "true",
+            max_open_groups=parse_int_header(h, "x-max-open-groups", minimum=0) or 0,
+        )
+        escaped = (
+            escape_value(sub_id, self._version) if self._version is not Version.V1_0 else sub_id
+        )
+        sub.link_data = escaped.encode()
+        if receipt is not None:
+            self._receipt(receipt)
+
+    def _on_unsubscribe(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
+        h = frame.headers
+        sub_id = h.get("id")
+        if sub_id is None:
+            sub_id = core.find_subscription_by_destination(h.get("destination", ""))
+            if sub_id is None:
+                raise RequestError(f"no subscription to {h.get('destination')!r}")
+        core.unsubscribe(sub_id)
+        if receipt is not None:
+            self._receipt(receipt)
+
+    def _tag(self, core: BrokerConnection, frame: Frame) -> int:
+        h = frame.headers
+        if self._ack_by_id:
+            ack_id = h["id"]
+            try:
+                return int(ack_id)
+            except ValueError:
+                raise RequestError(
+                    f"no message awaiting acknowledgement with ack id {ack_id!r}"
+                ) from None
+        return core.tag_for_message_id(h["message-id"], h.get("subscription"))
+
+    def _on_ack(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
+        core.ack(self._tag(core, frame), frame.headers.get("transaction"))
+        if receipt is not None:
+            self._receipt(receipt)
+
+    def _on_nack(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
+        core.nack(self._tag(core, frame), frame.headers.get("transaction"))
+        if receipt is not None:
+            self._receipt(receipt)
+
+    def _on_begin(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
+        core.begin(frame.headers["transaction"])
+        if receipt is not None:
+            self._receipt(receipt)
+
+    def _on_commit(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
+        entry = [receipt, False]
+        self._receipts.append(entry)
+
+        def done() -> None:
+            entry[1] = True
+            self._flush_receipts()
+
+        core.commit(frame.headers["transaction"], done)
+
+    def _on_abort(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
+        core.abort(frame.headers["transaction"])
+        if receipt is not None:
+            self._receipt(receipt)
+
+    def _on_disconnect(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
+        self.close_reason = CloseReason.CLIENT_DISCONNECT
+        # Stop reading; answer once every earlier persistent send is written, then close.
+        self.flow.pause(ReadPause.CLOSING)
+        self._receipts.append([receipt, True, "disconnect"])
+        self._flush_receipts()
+
+    _handlers: ClassVar[
+        dict[Command, Callable[[StompSession, BrokerConnection, Frame, str | None], None]]
+    ] = {
+        Command.SEND: _on_send,
+        Command.SUBSCRIBE: _on_subscribe,
+        Command.UNSUBSCRIBE: _on_unsubscribe,
+        Command.ACK: _on_ack,
+        Command.NACK: _on_nack,
+        Command.BEGIN: _on_begin,
+        Command.COMMIT: _on_commit,
+        Command.ABORT: _on_abort,
+        Command.DISCONNECT: _on_disconnect,
+    }
+
+    # -- receipts -------------------------------------------------------------------------------
+
+    def _receipt(self, receipt_id: str) -> None:
+        if self._receipts:
+            self._receipts.append([receipt_id, True])
+            self._flush_receipts()
+        else:
+            self._write(self._receipt_bytes(receipt_id))
+
+    def _receipt_bytes(self, receipt_id: str) -> bytes:
+        if self._version is not Version.V1_0:
+            receipt_id = escape_value(receipt_id, self._version)
+        return b"RECEIPT\nreceipt-id:" + receipt_id.encode() + b"\n\n\x00"
+
+    def _flush_receipts(self) -> None:
+        receipts = self._receipts
+        disconnect = False
+        while receipts and receipts[0][1]:
+            entry = receipts.popleft()
+            if entry[0] is not None:
+                self._write(self._receipt_bytes(entry[0]))
+            if len(entry) > 2:
+                disconnect = True
+        if len(receipts) < self._max_receipts // 2:
+            self.flow.resume(ReadPause.RECEIPTS)
+        if disconnect:
+            self._close(CloseReason.CLIENT_DISCONNECT)
+
+    # -- delivery (called by the core) ----------------------------------------------------------
+
+    def deliver(self, sub: Subscription, message: Message, tag: int, delivery_count: int) -> None:
+        """Queue a MESSAGE frame."""
+        version = self._version
+        if version is Version.V1_0:
+            common = encode_common_headers(message, version)
+        elif message.wire is not None:
+            common = message.wire
+        else:
+            common = message.wire = encode_common_headers(message, version)
+        if tag and version is Version.V1_2:
+            head = b"MESSAGE\nsubscription:%b\nack:%d\nx-delivery-count:%d\n" % (
+                sub.link_data,
+                tag,
+                delivery_count,
+            )
+        else:
+            head = b"MESSAGE\nsubscription:%b\nx-delivery-count:%d\n" % (
+                sub.link_data,
+                delivery_count,
+            )
+        out = self._out
+        if delivery_count > 1:
+            out.append(head + b"redelivered:true\n" + common)
+        else:
+            out.append(head + common)
+        out.append(message.body)
+        out.append(b"\x00")
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.writelines(out)
+        self.stomp.data_sent(self.loop.time())
+
+    # -- heart-beats and timers -----------------------------------------------------------------
+
+    def _arm_heartbeat(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._closing:
+            return
+        deadline = self.stomp.next_deadline(self.loop.time())
+        if deadline is not None:
+            self._timer = self.loop.call_at(deadline, self._on_heartbeat_timer)
+
+    def _on_heartbeat_timer(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        if self.stomp.peer_timed_out(now):
+            self.broker.count("heartbeat_timeouts")
+            self.log.info("no data from the peer within its heart-beat interval; closing")
+            self._close(CloseReason.HEARTBEAT_TIMEOUT)
+            return
+        if self.stomp.heartbeat_due(now):
+            if self._out:
+                self._flush()
+            else:
+                self._write(self.stomp.heartbeat())
+                self._flush()
+        self._arm_heartbeat()
+
+    def _connect_timeout(self) -> None:
+        self._timer = None
+        if self.core is None:
+            self.broker.count("connect_timeouts")
+            self._close(CloseReason.CONNECT_TIMEOUT)
+
+    def _slow_consumer(self) -> None:
+        self._slow_timer = None
+        if not self.flow.writable:
+            self.broker.count("slow_consumers_closed")
+            self.log.warning(
+                "slow consumer: write buffer above its high-water mark for %.1f s; closing",
+                self.config.limits.slow_consumer_timeout_s,
+            )
+            self._close(CloseReason.SLOW_CONSUMER, abort=True)
+
+    # -- errors and closing ---------------------------------------------------------------------
+
+    def _fail(
+        self,
+        reason: CloseReason,
+        message: str,
+        *,
+        receipt_id: str | None = None,
+        frame: Frame | None = None,
+    ) -> None:
+        """Send ERROR (with `receipt-id` when the failing frame asked for a receipt), then close."""
+        self.log.info("closing after error: %s", message)
+        body = b""
+        if frame is not None:
+            body = f"The {frame.command} frame could not be processed.\n".encode()
+        self._write(self.stomp.error_frame(message, receipt_id=receipt_id, body=body))
+        self._close(reason)
+
+    def _close(self, reason: CloseReason, *, abort: bool = False) -> None:
+        if self.close_reason is None or self.close_reason is CloseReason.CLIENT_DISCONNECT:
+            self.close_reason = reason
+        self._shutdown(reason)
+        transport = self.transport
+        if transport is None:
+            return
+        self._flush()
+        if abort:
+            transport.abort()
+        else:
+            transport.close()
+
+    def shutdown(self) -> None:
+        """The broker is stopping."""
+        self._close(CloseReason.SHUTDOWN)
+
+    def _shutdown(self, reason: CloseReason) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self.broker.count("closed_" + reason.value)
+        for timer in (self._timer, self._slow_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._slow_timer = None
+        if self.core is not None:
+            self.core.close()
+
+
+def _ignore(handle: WriteHandle | None) -> None:
+    """A send nobody waits on."""
+
+
+__all__ = ["CloseReason", "ConnState", "StompSession"]
