@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import uvloop
 
 from sluice import config as config_mod
 from sluice.server.listener import BrokerServer
@@ -79,7 +80,8 @@ def start_broker(**overrides: dict[str, Any]) -> RunningBroker:
     started: Future[RunningBroker] = Future()
 
     def run() -> None:
-        loop = asyncio.new_event_loop()
+        # The broker runs on uvloop in production; test it on the same loop.
+        loop = uvloop.new_event_loop()
 
         async def main() -> None:
             server = BrokerServer(cfg)

@@ -7,6 +7,7 @@ as `RequestError` (or `LimitExceeded`) with a message fit to send back in an ERR
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
@@ -17,6 +18,8 @@ from sluice.core.selector import SelectorError, compile_selector
 from sluice.core.subscription import Link, Subscription
 from sluice.errors import LimitExceeded, RequestError
 from sluice.store.api import WriteHandle
+
+log = logging.getLogger(__name__)
 
 _connection_ids = itertools.count(1)
 
@@ -98,6 +101,16 @@ class BrokerConnection:
         usage = destination.usage
         if usage.full:
             broker.count("flow_paused_memory")
+            if not usage.waiting:
+                log.info(
+                    "%s is over its memory limit (%d of %d bytes, broker %d of %d): "
+                    "pausing its producers",
+                    destination.name,
+                    usage.used,
+                    usage.limit_bytes,
+                    broker.usage.used,
+                    broker.usage.limit_bytes,
+                )
             usage.wait(self, self._resume_memory)
             self.link.pause_producer(FlowReason.MEMORY)
         if broker.writes_backed_up():

@@ -15,7 +15,7 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from sluice.core.broker import FlowReason
 from sluice.core.connection import BrokerConnection
@@ -97,8 +97,8 @@ class StompSession(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Set buffer limits and arm the CONNECT deadline."""
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = transport = cast(asyncio.Transport, transport)
         limits = self.config.limits
         transport.set_write_buffer_limits(
             high=limits.write_buffer_high_bytes, low=limits.write_buffer_low_bytes
