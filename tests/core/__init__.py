@@ -1,0 +1,1 @@
+"""Tests of the broker core (sluice.core)."""
