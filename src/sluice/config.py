@@ -139,6 +139,16 @@ class Listener:
 
 
 @dataclass(frozen=True)
+class DestinationOverride:
+    """A policy for the destinations whose names match `pattern` (ActiveMQ wildcards, e.g.
+    `/topic/events.>`). The first matching override wins; fields not given keep the defaults of
+    `[policy]`."""
+
+    pattern: str
+    policy: DestinationPolicy
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole broker configuration."""
 
@@ -147,6 +157,7 @@ class Config:
     heartbeat: HeartBeat = field(default_factory=HeartBeat)
     policy: DestinationPolicy = field(default_factory=DestinationPolicy)
     store: StoreConfig = field(default_factory=StoreConfig)
+    destinations: tuple[DestinationOverride, ...] = ()
     broker_name: str = "sluice"
     use_uvloop: bool = True
 
@@ -212,7 +223,29 @@ def _coerce(cls: type[Any], name: str, raw: Any, where: str) -> Any:
         raise ConfigError(f"{where}: invalid value {raw!r} for {name}") from exc
 
 
+def _apply_destinations(config: Config, tables: Any, where: str) -> Config:
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"{where}: [[destination]] must be an array of tables")
+    overrides = list(config.destinations)
+    for table in tables:
+        values = dict(table)
+        pattern = values.pop("pattern", None)
+        if not isinstance(pattern, str) or not pattern.startswith(("/queue/", "/topic/")):
+            raise ConfigError(
+                f'{where}: [[destination]] needs pattern = "/queue/..." or "/topic/..."'
+            )
+        changes = {
+            k: _coerce(DestinationPolicy, k, v, f"{where} [[destination]] {pattern}")
+            for k, v in values.items()
+        }
+        policy = dataclasses.replace(config.policy, **changes)
+        overrides.append(DestinationOverride(pattern, policy))
+    return dataclasses.replace(config, destinations=tuple(overrides))
+
+
 def _apply(config: Config, section: str, values: Mapping[str, Any], where: str) -> Config:
+    if section == "destination":
+        return _apply_destinations(config, values, where)
     if section not in _SECTIONS:
         if section in ("broker_name", "use_uvloop"):
             return dataclasses.replace(config, **{section: _coerce(Config, section, values, where)})
@@ -237,11 +270,9 @@ def load(
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: {exc}") from exc
-        for section, values in data.items():
-            if isinstance(values, dict):
-                config = _apply(config, section, values, str(path))
-            else:
-                config = _apply(config, section, values, str(path))
+        # [policy] first, so [[destination]] overrides start from the configured defaults.
+        for section in sorted(data, key=lambda name: name == "destination"):
+            config = _apply(config, section, data[section], str(path))
     environ = os.environ if env is None else env
     for key, value in environ.items():
         if not key.startswith("SLUICE_") or "__" not in key:

@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
-from sluice.config import Config
+from sluice.config import Config, DestinationPolicy
 from sluice.core.destination import Destination
 from sluice.core.message import DestinationKind, Message, parse_destination
 from sluice.core.queue import Queue
 from sluice.core.topic import Topic
 from sluice.core.usage import Usage
+from sluice.core.wildcard import WildcardIndex, compile_pattern
 from sluice.errors import LimitExceeded
 from sluice.store.api import MessageStore, Recovery, WriteHandle
 
@@ -63,6 +64,14 @@ class Producer(Protocol):
         ...
 
 
+class TopicAttacher(Protocol):
+    """A wildcard subscription: told about every new topic its pattern matches."""
+
+    def attach(self, topic: Topic) -> None:
+        """Subscribe to a topic that matches."""
+        ...
+
+
 class Broker:
     """Destinations, the store, and the bounds that protect them."""
 
@@ -95,6 +104,15 @@ class Broker:
         self.pending_write_bytes = 0
         self._write_waiters: dict[Hashable, Producer] = {}
         self.recovery: Recovery | None = None
+        self.store_pages = bool(getattr(store, "pages_to_disk", True))
+        self._overrides = [
+            (kind, compile_pattern(short), override.policy)
+            for override in config.destinations
+            for kind, short in [parse_destination(override.pattern)]
+        ]
+        # Wildcard topic subscriptions, by pattern: each attaches to matching topics as they
+        # appear.
+        self.wildcards: WildcardIndex[TopicAttacher] = WildcardIndex()
 
     # -- services for destinations ------------------------------------------------------------
 
@@ -122,6 +140,16 @@ class Broker:
         for recovered in recovery.destinations:
             destination = self.destination(recovered.name)
             destination.last_seq = max(destination.last_seq, recovered.last_seq)
+            destination.dedup.extend(recovered.dedup_ids)
+            if isinstance(destination, Queue):
+                destination.recovered_mark = recovered.dispatch_mark
+                destination.wakeup()
+            elif isinstance(destination, Topic):
+                destination.base_seq = destination.last_seq + 1
+        for sub in recovery.subscriptions:
+            topic = self.destination(sub.destination)
+            if isinstance(topic, Topic):
+                topic.restore_durable(sub)
         self.recovery = recovery
         return recovery
 
@@ -140,7 +168,7 @@ class Broker:
         if len(self.destinations) >= self.limits.max_destinations:
             self.count("limit_max_destinations")
             raise LimitExceeded("max_destinations", self.limits.max_destinations, name)
-        policy = self.config.policy
+        policy = self._policy_for(kind, short)
         usage = Usage(
             name,
             self.limits.destination_memory_limit_bytes,
@@ -159,6 +187,7 @@ class Broker:
                     self.config.store.concurrent_store_and_dispatch_queues
                 ),
                 is_dlq=short.startswith(policy.dlq_prefix),
+                store_pages=self.store_pages,
             )
         else:
             destination = Topic(
@@ -169,9 +198,20 @@ class Broker:
                 concurrent_store_and_dispatch=(
                     self.config.store.concurrent_store_and_dispatch_topics
                 ),
+                store_pages=self.store_pages,
             )
+        destination.dedup.size = self.limits.dedup_window
         self.destinations[name] = destination
+        if isinstance(destination, Topic):
+            for attacher in self.wildcards.match(short):
+                attacher.attach(destination)
         return destination
+
+    def _policy_for(self, kind: DestinationKind, short: str) -> DestinationPolicy:
+        for override_kind, pattern, policy in self._overrides:
+            if override_kind is kind and pattern.matches(short):
+                return policy
+        return self.config.policy
 
     def dead_letter(self, message: Message, reason: str) -> None:
         """Send a copy of the message to its dead-letter queue, with where and why."""

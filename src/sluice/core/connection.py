@@ -13,9 +13,18 @@ from typing import Protocol
 
 from sluice.core.broker import Broker, FlowReason
 from sluice.core.destination import Destination
-from sluice.core.message import AckMode, DestinationNameError, Message
-from sluice.core.selector import SelectorError, compile_selector
+from sluice.core.message import (
+    DEDUP_ID,
+    TOPIC_PREFIX,
+    AckMode,
+    DestinationKind,
+    DestinationNameError,
+    Message,
+)
+from sluice.core.selector import Selector, SelectorError, compile_selector
 from sluice.core.subscription import Link, Subscription
+from sluice.core.topic import Topic
+from sluice.core.wildcard import WildcardError, compile_pattern, is_wildcard
 from sluice.errors import LimitExceeded, RequestError
 from sluice.store.api import WriteHandle
 
@@ -34,6 +43,18 @@ class ClientLink(Link, Protocol):
     def resume_producer(self, reason: FlowReason) -> None:
         """Read again."""
         ...
+
+
+class WildcardSubscription:
+    """A subscription to every topic a pattern matches, now and later: one child subscription
+    per matching topic, all with the same id, sharing the connection's delivery tags. Credit is
+    counted per topic."""
+
+    def __init__(self, pattern: str, attach: Callable[[Topic], None]) -> None:
+        self.pattern = compile_pattern(pattern)
+        self.attach = attach
+        self.children: list[Subscription] = []
+        self.link_data = b""
 
 
 class Transaction:
@@ -58,6 +79,7 @@ class BrokerConnection:
         self.client_id = client_id
         self.id = next(_connection_ids)
         self.subs: dict[str, Subscription] = {}
+        self.wildcard_subs: dict[str, WildcardSubscription] = {}
         self.tags: dict[int, Subscription] = {}
         self.txs: dict[str, Transaction] = {}
         self.closed = False
@@ -79,6 +101,12 @@ class BrokerConnection:
         """Accept a message. `on_stored` runs once it may be receipted. May pause the producer."""
         destination = self._destination(message.destination)
         broker = self.broker
+        dedup_id = message.headers.get(DEDUP_ID)
+        if dedup_id is not None and dedup_id in destination.dedup:
+            # Seen within the window: acknowledged to the producer and dropped.
+            broker.count("duplicates_dropped")
+            on_stored(None)
+            return
         if txid is not None:
             tx = self._tx(txid)
             tx.adds.append((destination, message))
@@ -133,28 +161,56 @@ class BrokerConnection:
         selector: str | None = None,
         exclusive: bool = False,
         max_open_groups: int = 0,
-    ) -> Subscription:
-        """Start a subscription."""
-        if sub_id in self.subs:
+        durable_name: str | None = None,
+        offset: str | None = None,
+    ) -> Subscription | None:
+        """Start a subscription (a durable one with `durable_name`; a topic cursor at `offset`;
+        a wildcard topic pattern attaches to every matching topic, returning None)."""
+        if sub_id in self.subs or sub_id in self.wildcard_subs:
             raise RequestError(f"subscription id {sub_id!r} is already in use on this connection")
         limit = self.broker.limits.max_subscriptions_per_connection
         if len(self.subs) >= limit:
             self.broker.count("limit_max_subscriptions_per_connection")
             raise LimitExceeded("max_subscriptions_per_connection", limit)
-        destination = self._destination(destination_name)
         compiled = None
         if selector is not None and selector.strip():
             try:
                 compiled = compile_selector(selector)
             except SelectorError as exc:
                 raise RequestError(str(exc)) from None
+        else:
+            selector = None
+        if destination_name.startswith(TOPIC_PREFIX) and is_wildcard(
+            destination_name[len(TOPIC_PREFIX) :]
+        ):
+            if durable_name is not None or offset is not None:
+                raise RequestError(
+                    "a wildcard subscription cannot be durable or start at an x-offset"
+                )
+            self._subscribe_wildcard(
+                sub_id,
+                destination_name[len(TOPIC_PREFIX) :],
+                ack_mode,
+                prefetch,
+                prefetch_bytes,
+                compiled,
+            )
+            return None
+        destination = self._destination(destination_name)
+        if (durable_name is not None or offset is not None) and not isinstance(destination, Topic):
+            raise RequestError(
+                "activemq.subscriptionName and x-offset apply to topics, not to " + destination_name
+            )
+        if durable_name is not None and self.client_id is None:
+            raise RequestError("a durable subscription needs a client-id header on CONNECT")
         policy = destination.policy
         if prefetch is None:
-            prefetch = (
-                policy.queue_prefetch
-                if destination.kind.value == "queue"
-                else policy.topic_prefetch
-            )
+            if destination.kind is DestinationKind.QUEUE:
+                prefetch = policy.queue_prefetch
+            elif durable_name is not None:
+                prefetch = policy.durable_prefetch
+            else:
+                prefetch = policy.topic_prefetch
         sub = Subscription(
             self.link,
             sub_id,
@@ -165,19 +221,105 @@ class BrokerConnection:
             selector=compiled,
             exclusive=exclusive,
             max_open_groups=max_open_groups,
+            durable_name=durable_name,
             client_id=self.client_id,
             tags=self.tags,
         )
+        if isinstance(destination, Topic):
+            if durable_name is not None:
+                assert self.client_id is not None
+                destination.subscribe_durable(sub, self.client_id, durable_name, selector, offset)
+            else:
+                destination.add_subscription(sub, offset)
+        else:
+            destination.add_subscription(sub)
         self.subs[sub_id] = sub
-        destination.add_subscription(sub)
         return sub
 
-    def unsubscribe(self, sub_id: str) -> None:
-        """End a subscription; its unacknowledged messages are redelivered to others."""
-        sub = self.subs.pop(sub_id, None)
-        if sub is None:
-            raise RequestError(f"no subscription with id {sub_id!r}")
-        self._drop_subscription(sub)
+    def _subscribe_wildcard(
+        self,
+        sub_id: str,
+        pattern: str,
+        ack_mode: AckMode,
+        prefetch: int | None,
+        prefetch_bytes: int,
+        selector: Selector | None,
+    ) -> None:
+        def attach(topic: Topic) -> None:
+            child = Subscription(
+                self.link,
+                sub_id,
+                topic,
+                ack_mode,
+                prefetch if prefetch is not None else topic.policy.topic_prefetch,
+                prefetch_bytes,
+                selector=selector,
+                client_id=self.client_id,
+                tags=self.tags,
+            )
+            child.link_data = wildcard.link_data
+            wildcard.children.append(child)
+            topic.add_subscription(child)
+
+        try:
+            wildcard = WildcardSubscription(pattern, attach)
+        except WildcardError as exc:
+            raise RequestError(str(exc)) from None
+        self.wildcard_subs[sub_id] = wildcard
+        self.broker.wildcards.add(pattern, wildcard)
+        for destination in list(self.broker.destinations.values()):
+            if isinstance(destination, Topic) and wildcard.pattern.matches(
+                destination.name[len(TOPIC_PREFIX) :]
+            ):
+                attach(destination)
+
+    def set_link_data(self, sub_id: str, data: bytes) -> None:
+        """Store the link's per-subscription cache on a subscription (and wildcard children)."""
+        sub = self.subs.get(sub_id)
+        if sub is not None:
+            sub.link_data = data
+            return
+        wildcard = self.wildcard_subs.get(sub_id)
+        if wildcard is not None:
+            wildcard.link_data = data
+            for child in wildcard.children:
+                child.link_data = data
+
+    def unsubscribe(self, sub_id: str | None, durable_name: str | None = None) -> None:
+        """End a subscription; its unacknowledged messages are redelivered to others. With
+        `durable_name`, the durable subscription itself is deleted."""
+        if sub_id is not None:
+            wildcard = self.wildcard_subs.pop(sub_id, None)
+            if wildcard is not None:
+                self._drop_wildcard(wildcard)
+                return
+            sub = self.subs.pop(sub_id, None)
+            if sub is None and durable_name is None:
+                raise RequestError(f"no subscription with id {sub_id!r}")
+            if sub is not None:
+                topic = sub.destination
+                self._drop_subscription(sub)
+                if durable_name is not None and isinstance(topic, Topic):
+                    assert self.client_id is not None
+                    topic.delete_durable(self.client_id, durable_name)
+                return
+        if durable_name is None or self.client_id is None:
+            raise RequestError("UNSUBSCRIBE needs an id (or a durable subscription name)")
+        for destination in self.broker.destinations.values():
+            if isinstance(destination, Topic) and (
+                (self.client_id, durable_name) in destination.durables
+            ):
+                destination.delete_durable(self.client_id, durable_name)
+                return
+        raise RequestError(
+            f"no durable subscription {durable_name!r} for client {self.client_id!r}"
+        )
+
+    def _drop_wildcard(self, wildcard: WildcardSubscription) -> None:
+        self.broker.wildcards.remove(wildcard.pattern.text, wildcard)
+        for child in wildcard.children:
+            self._drop_subscription(child)
+        wildcard.children.clear()
 
     def find_subscription_by_destination(self, destination: str) -> str | None:
         """The id of this connection's subscription to a destination (STOMP 1.0 UNSUBSCRIBE)."""
@@ -237,7 +379,7 @@ class BrokerConnection:
         store = self.broker.store
         for t, message in taken:
             tx.acks.append((sub, t, message))
-            if message.in_store and destination.kind.value == "queue":
+            if message.in_store and destination.kind is DestinationKind.QUEUE:
                 store.remove(destination.name, message.seq, None, tx.store_id)
         destination.wakeup()
 
@@ -251,11 +393,11 @@ class BrokerConnection:
 
     def tag_for_message_id(self, message_id: str, sub_id: str | None) -> int:
         """Find the delivery tag of a message (STOMP 1.0 and 1.1 acknowledge by message id)."""
-        if sub_id is not None:
-            sub = self.subs.get(sub_id)
-            candidates = [sub] if sub is not None else []
-        else:
-            candidates = list(self.subs.values())
+        candidates = [
+            sub
+            for candidate_id, sub in self._all_subscriptions()
+            if sub_id is None or candidate_id == sub_id
+        ]
         for sub in candidates:
             # Cumulative acks usually name the newest delivery, individual ones the oldest.
             order = reversed(sub.inflight) if sub.ack_mode is AckMode.CLIENT else iter(sub.inflight)
@@ -263,6 +405,12 @@ class BrokerConnection:
                 if sub.inflight[tag].message_id == message_id:
                     return tag
         raise RequestError(f"no message awaiting acknowledgement with message-id {message_id!r}")
+
+    def _all_subscriptions(self) -> list[tuple[str, Subscription]]:
+        subs = list(self.subs.items())
+        for sub_id, wildcard in self.wildcard_subs.items():
+            subs.extend((sub_id, child) for child in wildcard.children)
+        return subs
 
     # -- transactions ---------------------------------------------------------------------------
 
@@ -289,15 +437,32 @@ class BrokerConnection:
         tx = self._tx(txid)
         del self.txs[txid]
         seqs: list[int] = []
-        for destination, message in tx.adds:
+        duplicates: set[int] = set()
+        broker = self.broker
+        for i, (destination, message) in enumerate(tx.adds):
+            dedup_id = message.headers.get(DEDUP_ID)
+            if dedup_id is not None:
+                if dedup_id in destination.dedup:
+                    # Committed by someone else since it was sent: keep only the first.
+                    duplicates.add(i)
+                    broker.count("duplicates_dropped")
+                    if message.persistent:
+                        # The store needs a sequence for every add; this one is removed at once.
+                        message.seq = destination.next_seq()
+                        seqs.append(message.seq)
+                    continue
+                destination.dedup.add(dedup_id)
             destination.reserve_committed(message)
             if message.persistent:
                 seqs.append(message.seq)
-        broker = self.broker
 
         def written(handle: WriteHandle | None) -> None:
             broker.usage.release(tx.held_bytes)
-            for destination, message in tx.adds:
+            for i, (destination, message) in enumerate(tx.adds):
+                if i in duplicates:
+                    if message.persistent:
+                        broker.store.remove(destination.name, message.seq)
+                    continue
                 destination.publish_committed(message)
             for sub, _tag, message in tx.acks:
                 sub.destination.settle(sub, message, store_removed=True)
@@ -337,4 +502,7 @@ class BrokerConnection:
         for sub in list(self.subs.values()):
             self._drop_subscription(sub)
         self.subs.clear()
+        for wildcard in list(self.wildcard_subs.values()):
+            self._drop_wildcard(wildcard)
+        self.wildcard_subs.clear()
         self.broker.forget_producer(self)

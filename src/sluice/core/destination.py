@@ -7,6 +7,7 @@ burst of frames read in one chunk is dispatched in one pass and written in one b
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -41,6 +42,34 @@ class Services(Protocol):
         ...
 
 
+class DedupWindow:
+    """The most recent `x-dedup-id`s of a destination, oldest first, at most `size` of them."""
+
+    __slots__ = ("_ids", "size")
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, dedup_id: str) -> bool:
+        return dedup_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, dedup_id: str) -> None:
+        """Remember an id, forgetting the oldest beyond the window."""
+        ids = self._ids
+        ids[dedup_id] = None
+        if len(ids) > self.size:
+            ids.popitem(last=False)
+
+    def extend(self, dedup_ids: list[str]) -> None:
+        """Remember ids read back from the store, oldest first."""
+        for dedup_id in dedup_ids:
+            self.add(dedup_id)
+
+
 class Destination:
     """A queue or a topic."""
 
@@ -56,6 +85,7 @@ class Destination:
         self.usage = usage
         self.last_seq = 0
         self.subscriptions: list[Subscription] = []
+        self.dedup = DedupWindow()
         self._scheduled = False
         self._dispatch_cb = self._run_dispatch
 

@@ -6,12 +6,22 @@ a message put back by NACK or by a leaving consumer returns to its place. A disp
 unless an exclusive consumer, a message group or a selector decides otherwise. Messages that nobody
 can take right now (their group's owner has no credit, no selector matches) are skipped, and a pass
 looks at no more than `SCAN_LIMIT` messages so one pass never stalls the loop.
+
+Paging: when the store keeps messages on disk, the queue holds only a window of them in memory.
+Once the destination is over its memory limit, new persistent messages stay in the store alone, and
+as consumers drain `pending`, the next page is read back (`_page_in`). `loaded_seq` is the highest
+sequence brought into memory; everything above it waits in the store.
+
+Dispatch marks: before a message is handed to a consumer, the store must know that messages up to
+its sequence may have been delivered, so that after a crash they come back marked redelivered. The
+queue asks for marks ahead of dispatch, `MARK_STEP` sequences at a time, and dispatches only up to
+the last mark the store has confirmed.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -29,8 +39,16 @@ if TYPE_CHECKING:
 # Messages one dispatch pass looks at, and delivers, before it yields the loop.
 SCAN_LIMIT = 4096
 DELIVER_LIMIT = 2048
+# Paging: read this many messages (or bytes) from the store at a time, when fewer than half that
+# many wait in memory.
+PAGE_MESSAGES = 1000
+PAGE_BYTES = 8 << 20
+# Dispatch marks are written this many sequences ahead of dispatch.
+MARK_STEP = 1000
 
 _PRIORITY_SHIFT = 44
+# Without a store that survives restarts there is nothing to mark.
+_NO_MARKS = 1 << 62
 
 _tags = itertools.count(1)
 
@@ -60,9 +78,19 @@ class Queue(Destination):
         max_groups: int,
         concurrent_store_and_dispatch: bool,
         is_dlq: bool = False,
+        store_pages: bool = False,
     ) -> None:
         super().__init__(services, name, policy, usage)
         self.pending: SortedDict = SortedDict()
+        self.store_pages = store_pages
+        self.loaded_seq = 0
+        # Sequences of messages left in the store alone whose write has not completed yet: they
+        # cannot be read back before it does.
+        self._unwritten: deque[int] = deque()
+        self.mark_confirmed = 0 if store_pages else _NO_MARKS
+        self._mark_requested = self.mark_confirmed
+        # Recovered messages up to this sequence may have been delivered before the stop.
+        self.recovered_mark = 0
         self.max_groups = max_groups
         self.concurrent_store_and_dispatch = concurrent_store_and_dispatch
         self.is_dlq = is_dlq
@@ -83,6 +111,21 @@ class Queue(Destination):
             on_stored(None)
             return
         message.in_store = True
+        if self.store_pages and (self.loaded_seq < message.seq - 1 or self.usage.full):
+            # Over the memory window, or behind messages still on disk: leave it there.
+            seq = message.seq
+            self._unwritten.append(seq)
+
+            def written(handle: WriteHandle) -> None:
+                if self._unwritten and self._unwritten[0] == seq:
+                    self._unwritten.popleft()
+                else:
+                    self._unwritten.remove(seq)
+                on_stored(handle)
+                self.wakeup()
+
+            self.store.add(message, written)
+            return
         if self.concurrent_store_and_dispatch:
             self._enqueue(message)
             self.store.add(message, on_stored)
@@ -104,9 +147,45 @@ class Queue(Destination):
         self._enqueue(message)
 
     def _enqueue(self, message: Message) -> None:
+        if message.seq > self.loaded_seq:
+            self.loaded_seq = message.seq
         self.pending[_key(message)] = message
         self.usage.add(message.nbytes)
         self.wakeup()
+
+    def _page_in(self) -> None:
+        """Read the next page of stored messages into memory."""
+        if self.usage.full:
+            return
+        limit = self._unwritten[0] - 1 if self._unwritten else self.last_seq
+        if self.loaded_seq >= limit:
+            return
+        stored = self.store.load(self.name, self.loaded_seq, PAGE_MESSAGES, PAGE_BYTES)
+        loaded = 0
+        for item in stored:
+            if item.seq > limit:
+                break
+            message = Message.from_stored(item, 1 if item.seq <= self.recovered_mark else 0)
+            self.pending[_key(message)] = message
+            self.usage.add(message.nbytes)
+            self.loaded_seq = item.seq
+            loaded += 1
+        if not loaded:
+            # Nothing more below the limit is stored (acknowledged before it was read back).
+            self.loaded_seq = limit
+        self.services.count("paged_in", loaded)
+
+    def _request_mark(self, seq: int) -> None:
+        target = seq + MARK_STEP
+        self._mark_requested = target
+
+        def confirmed(handle: WriteHandle) -> None:
+            if target > self.mark_confirmed:
+                self.mark_confirmed = target
+            self.wakeup()
+
+        # Completions run on the loop after this returns, so the callback is in place in time.
+        self.store.mark_dispatched(self.name, target).on_complete = confirmed
 
     @property
     def depth(self) -> int:
@@ -220,6 +299,8 @@ class Queue(Destination):
     def dispatch(self) -> None:
         """One pass: give pending messages to ready consumers."""
         pending = self.pending
+        if self.store_pages and len(pending) < PAGE_MESSAGES // 2:
+            self._page_in()
         if not pending or not self.subscriptions:
             return
         ready = [s for s in self.subscriptions if s.ready()]
@@ -237,6 +318,17 @@ class Queue(Destination):
             if message.expires_ms and message.expired(now_ms):
                 expired.append((key, message))
                 continue
+            if message.seq > self.mark_confirmed:
+                # The store must know this message may be delivered before it is.
+                if self._mark_requested < message.seq:
+                    self._request_mark(message.seq)
+                continue
+            if (
+                self._mark_requested <= self.mark_confirmed
+                and message.seq > self.mark_confirmed - MARK_STEP // 2
+            ):
+                # Ask for the next mark before this one runs out.
+                self._request_mark(self.mark_confirmed)
             sub = self._choose(message, ready)
             if sub is None:
                 if (

@@ -60,14 +60,37 @@ class Link(Protocol):
         ...
 
 
+class Durable:
+    """A durable topic subscription: a cursor that outlives the connections that consume it."""
+
+    __slots__ = ("active", "client_id", "cursor", "delivered_upto", "name", "selector")
+
+    def __init__(
+        self, client_id: str, name: str, selector: str | None, cursor: int, delivered_upto: int
+    ) -> None:
+        self.client_id = client_id
+        self.name = name
+        self.selector = selector
+        # Every message up to `cursor` has been acknowledged.
+        self.cursor = cursor
+        # Messages up to here may have been delivered before: they come back marked redelivered.
+        self.delivered_upto = delivered_upto
+        self.active: Subscription | None = None
+
+    def __repr__(self) -> str:
+        return f"<Durable {self.client_id}/{self.name} cursor={self.cursor}>"
+
+
 class Subscription:
     """One SUBSCRIBE of one connection to one destination (or a durable subscription)."""
 
     __slots__ = (
         "ack_mode",
         "auto",
+        "backlog",
         "client_id",
         "destination",
+        "durable",
         "durable_name",
         "exclusive",
         "groups",
@@ -127,6 +150,11 @@ class Subscription:
         # Topic subscriptions: the next sequence to deliver, and messages put back by NACK.
         self.next_seq = 0
         self.redeliver: list[tuple[Message, int]] = []
+        # Topic subscriptions behind the in-memory log read older messages from the store into
+        # this buffer, a credit's worth at a time.
+        self.backlog: list[Message] = []
+        # The durable subscription this one is the active consumer of, if any.
+        self.durable: Durable | None = None
         # Opaque to the core: the link caches what it needs per subscription (encoded headers).
         self.link_data: bytes = b""
 

@@ -1,12 +1,23 @@
 """A topic: publish/subscribe over a log.
 
-Every message published gets the next sequence number and is appended to the topic's log.
-A subscription is a cursor (`next_seq`) into it: a non-durable subscriber starts after the last
-message published before it subscribed. The log keeps a message while some cursor has not passed
-it; `_trim` drops the prefix every cursor has passed. While a persistent message is being written
-(concurrent store and dispatch off, the default for topics) it is in the log but not yet visible:
-`visible_seq` stops short of the first unwritten message, so subscribers see messages in sequence
-order and only once they are safe.
+Every message published gets the next sequence number and is appended to the topic's log in
+memory. A subscription is a cursor (`next_seq`): a non-durable subscriber starts after the last
+message published before it subscribed, or where its `x-offset` says. A durable subscription is a
+cursor that outlives its consumers; while nobody consumes it, it holds what it has not acknowledged.
+
+What is kept:
+- in memory, a message stays while an active cursor has not passed it, and, unless the store holds
+  it, while a durable cursor or the topic's retention needs it;
+- in the store, a persistent message is written only if the topic keeps messages (it has durable
+  subscriptions or a retention), and removed once every durable cursor has passed it and the
+  retention lets it go. Cursors behind the in-memory log read from the store, a credit at a time.
+
+Retention keeps a message for at least `retention_s` seconds and keeps at least the newest
+`retention_bytes` bytes; a message goes when neither keeps it.
+
+While a persistent message is being written (concurrent store and dispatch off, the default for
+topics) it is in the log but not visible: `visible_seq` stops short of the first unwritten message,
+so subscribers see messages in sequence order and only once they are safe.
 """
 
 from __future__ import annotations
@@ -19,7 +30,10 @@ from sluice.config import DestinationPolicy
 from sluice.core.destination import Destination, Services
 from sluice.core.message import DestinationKind, Message
 from sluice.core.queue import DELIVER_LIMIT, next_tag
+from sluice.core.subscription import Durable
 from sluice.core.usage import Usage
+from sluice.errors import RequestError
+from sluice.store.api import RecoveredSubscription
 
 if TYPE_CHECKING:
     from sluice.core.subscription import Subscription
@@ -27,6 +41,18 @@ if TYPE_CHECKING:
 
 # Compact the log list once this many trimmed slots have accumulated at its head.
 _COMPACT_AFTER = 4096
+# Retention is tracked with coarse marks (sequence, time, bytes so far): one per MiB or second.
+_RETENTION_MARK_BYTES = 1 << 20
+_RETENTION_MARK_MS = 1000
+# Read at most this much from the store into one subscription's backlog at a time.
+_BACKLOG_MESSAGES = 256
+_BACKLOG_BYTES = 4 << 20
+# Remove from the store in steps of at least this many sequences.
+_STORE_TRIM_STEP = 256
+
+
+class OffsetError(RequestError):
+    """An `x-offset` header that is not `earliest`, `latest`, a number or `timestamp=MS`."""
 
 
 class Topic(Destination):
@@ -42,14 +68,20 @@ class Topic(Destination):
         usage: Usage,
         *,
         concurrent_store_and_dispatch: bool,
+        store_pages: bool,
     ) -> None:
         super().__init__(services, name, policy, usage)
         self.concurrent_store_and_dispatch = concurrent_store_and_dispatch
+        self.store_pages = store_pages
         self._log: list[Message] = []
         self._head = 0  # index in _log of the oldest kept message
         self.base_seq = 1  # sequence of _log[_head]
         # Sequences of persistent messages still being written, oldest first.
         self._unwritten: deque[int] = deque()
+        self.durables: dict[tuple[str, str], Durable] = {}
+        self._stored_total = 0
+        self._retention_marks: deque[tuple[int, int, int]] = deque()
+        self._store_trimmed = 0
 
     # -- the log --------------------------------------------------------------------------------
 
@@ -65,24 +97,38 @@ class Topic(Destination):
         """Messages kept in the log in memory."""
         return len(self._log) - self._head
 
+    @property
+    def keeps_messages(self) -> bool:
+        """Does the topic keep messages beyond its active subscribers (durables, retention)?"""
+        policy = self.policy
+        return bool(self.durables or policy.retention_s or policy.retention_bytes)
+
     def _append(self, message: Message) -> None:
+        if not self._log or self._head == len(self._log):
+            self.base_seq = message.seq
         self._log.append(message)
         self.usage.add(message.nbytes)
+        if self.keeps_messages:
+            self._stored_total += message.nbytes
+            marks = self._retention_marks
+            if (
+                not marks
+                or self._stored_total - marks[-1][2] >= _RETENTION_MARK_BYTES
+                or message.timestamp_ms - marks[-1][1] >= _RETENTION_MARK_MS
+            ):
+                marks.append((message.seq, message.timestamp_ms, self._stored_total))
 
     def accept(self, message: Message, on_stored: Callable[[WriteHandle | None], None]) -> None:
-        """Append to the log; persistent messages become visible once written."""
+        """Append to the log; a persistent message the topic keeps is visible once written."""
         message.seq = self.next_seq()
-        if (
-            not self.subscriptions
-            and not self.policy.retention_s
-            and not self.policy.retention_bytes
-        ):
-            # Nobody would ever read it: a topic without subscribers or retention keeps nothing.
+        if not self.subscriptions and not self.keeps_messages:
+            # Nobody could ever read it.
             self.base_seq = message.seq + 1
             on_stored(None)
             return
         self._append(message)
-        if not message.persistent:
+        if not (message.persistent and self.keeps_messages):
+            message.in_store = False
             on_stored(None)
             self.wakeup()
             return
@@ -94,15 +140,18 @@ class Topic(Destination):
         self._unwritten.append(message.seq)
 
         def stored(handle: WriteHandle) -> None:
-            # Writes complete in the order they were made, so the oldest unwritten is this one.
-            if self._unwritten and self._unwritten[0] == message.seq:
-                self._unwritten.popleft()
-            else:
-                self._unwritten.remove(message.seq)
+            self._written(message.seq)
             on_stored(handle)
-            self.wakeup()
 
         self.store.add(message, stored)
+
+    def _written(self, seq: int) -> None:
+        # Writes complete in the order they were made, so the oldest unwritten is usually this one.
+        if self._unwritten and self._unwritten[0] == seq:
+            self._unwritten.popleft()
+        else:
+            self._unwritten.remove(seq)
+        self.wakeup()
 
     def reserve_committed(self, message: Message) -> None:
         """A transaction commits a message here: it takes its place in the log, unseen until the
@@ -114,55 +163,209 @@ class Topic(Destination):
 
     def publish_committed(self, message: Message) -> None:
         """The commit is written: the message becomes visible."""
-        if self._unwritten and self._unwritten[0] == message.seq:
-            self._unwritten.popleft()
-        else:
-            self._unwritten.remove(message.seq)
-        self.wakeup()
+        self._written(message.seq)
+
+    # -- offsets --------------------------------------------------------------------------------
+
+    def earliest_seq(self) -> int:
+        """The oldest sequence still kept, in memory or in the store."""
+        candidates = [self.base_seq] if self.depth else []
+        stored = self.store.first_seq(self.name)
+        if stored:
+            candidates.append(stored)
+        return min(candidates) if candidates else self.last_seq + 1
+
+    def resolve_offset(self, spec: str) -> int:
+        """The first sequence a reader starting at `spec` gets."""
+        spec = spec.strip()
+        if spec == "earliest":
+            return self.earliest_seq()
+        if spec == "latest":
+            return self.last_seq + 1
+        if spec.startswith("timestamp="):
+            try:
+                at_ms = int(spec[len("timestamp=") :])
+            except ValueError:
+                raise OffsetError(f"x-offset {spec!r}: timestamp must be milliseconds") from None
+            for i in range(self._head, len(self._log)):
+                if self._log[i].timestamp_ms >= at_ms:
+                    stored = self.store.first_seq(self.name, at_ms)
+                    return min(stored, self._log[i].seq) if stored else self._log[i].seq
+            stored = self.store.first_seq(self.name, at_ms)
+            return stored if stored else self.last_seq + 1
+        try:
+            seq = int(spec)
+        except ValueError:
+            raise OffsetError(
+                f"x-offset must be earliest, latest, a sequence number or timestamp=MS, "
+                f"got {spec[:40]!r}"
+            ) from None
+        if seq < 0:
+            raise OffsetError(f"x-offset must not be negative, got {seq}")
+        return max(seq, 1)
+
+    # -- trimming -------------------------------------------------------------------------------
+
+    def _retention_floor(self) -> int:
+        """Lowest sequence the retention may still keep (last_seq + 1 when it keeps nothing).
+
+        Marks are coarse, so the floor is conservative: it may keep up to one mark's worth more."""
+        policy = self.policy
+        marks = self._retention_marks
+        if not (policy.retention_s or policy.retention_bytes) or not marks:
+            return self.last_seq + 1
+        cutoff_ms = self.services.now_ms() - int(policy.retention_s * 1000)
+        total = self._stored_total
+        # Drop marks whose successor retention no longer keeps: everything before it may go.
+        while len(marks) > 1:
+            _seq, timestamp_ms, upto = marks[1]
+            if (policy.retention_s and timestamp_ms >= cutoff_ms) or (
+                policy.retention_bytes and total - upto < policy.retention_bytes
+            ):
+                break
+            marks.popleft()
+        return marks[0][0]
 
     def _trim(self) -> None:
-        """Drop the prefix of the log that every cursor has passed."""
-        low = self.last_seq + 1
+        """Drop from memory what nobody needs there, and from the store what nobody needs."""
+        last = self.last_seq + 1
+        low_active = last
         for sub in self.subscriptions:
-            low = min(low, sub.next_seq)
+            position = sub.backlog[0].seq if sub.backlog else sub.next_seq
+            if position < low_active:
+                low_active = position
+        low_durable = last
+        low_inactive = last
+        for durable in self.durables.values():
+            after = durable.cursor + 1
+            if after < low_durable:
+                low_durable = after
+            if durable.active is None and after < low_inactive:
+                low_inactive = after
+        low_retention = self._retention_floor()
+        low_unstored = min(low_inactive, low_retention)
+
         log = self._log
         head = self._head
         end = len(log)
         released = 0
-        stored_upto = 0
-        while head < end and log[head].seq < low:
+        store_pages = self.store_pages
+        while head < end:
             message = log[head]
+            seq = message.seq
+            if seq >= low_active:
+                break
+            if not (message.in_store and store_pages) and seq >= low_unstored:
+                break
             released += message.nbytes
-            if message.in_store:
-                stored_upto = message.seq
             head += 1
-        if head == self._head:
-            return
-        self.base_seq = log[head].seq if head < end else low
-        if head >= _COMPACT_AFTER or head == end:
-            del log[:head]
-            head = 0
-        self._head = head
-        self.usage.release(released)
-        if stored_upto:
-            self.store.remove_range(self.name, stored_upto)
+        if head != self._head:
+            self.base_seq = log[head].seq if head < end else last
+            if head >= _COMPACT_AFTER or head == end:
+                del log[:head]
+                head = 0
+            self._head = head
+            self.usage.release(released)
 
-    # -- consumers ------------------------------------------------------------------------------
+        store_upto = min(low_active, low_durable, low_retention) - 1
+        if store_upto - self._store_trimmed >= _STORE_TRIM_STEP or (
+            store_upto > self._store_trimmed and store_upto == self.last_seq
+        ):
+            self._store_trimmed = store_upto
+            self.store.remove_range(self.name, store_upto)
 
-    def add_subscription(self, sub: Subscription) -> None:
-        """A non-durable subscriber starts after what was already published."""
-        if sub.next_seq == 0:
+    # -- subscriptions --------------------------------------------------------------------------
+
+    def add_subscription(self, sub: Subscription, offset: str | None = None) -> None:
+        """Start a cursor: after what was already published, or at `offset`."""
+        if offset is not None:
+            sub.next_seq = self.resolve_offset(offset)
+        elif sub.next_seq == 0:
             sub.next_seq = self.last_seq + 1
         super().add_subscription(sub)
 
+    def subscribe_durable(
+        self,
+        sub: Subscription,
+        client_id: str,
+        name: str,
+        selector: str | None,
+        offset: str | None,
+    ) -> None:
+        """Attach a consumer to a durable subscription, creating it if new (or if its selector
+        changed, as JMS does)."""
+        key = (client_id, name)
+        durable = self.durables.get(key)
+        if durable is not None and durable.active is not None:
+            raise RequestError(
+                f"durable subscription {name!r} of client {client_id!r} already has a consumer"
+            )
+        if durable is not None and durable.selector != selector:
+            self.delete_durable(client_id, name)
+            durable = None
+        if durable is None:
+            start = self.resolve_offset(offset) if offset is not None else self.last_seq + 1
+            durable = Durable(client_id, name, selector, start - 1, start - 1)
+            self.durables[key] = durable
+            self.store.put_subscription(
+                RecoveredSubscription(client_id, name, self.name, selector, durable.cursor)
+            )
+        elif offset is not None:
+            durable.cursor = self.resolve_offset(offset) - 1
+        durable.active = sub
+        sub.durable = durable
+        sub.next_seq = durable.cursor + 1
+        super().add_subscription(sub)
+
+    def restore_durable(self, recovered: RecoveredSubscription) -> None:
+        """A durable subscription read back from the store. Whatever it had not acknowledged may
+        have been delivered before the stop: it comes back marked redelivered."""
+        durable = Durable(
+            recovered.client_id,
+            recovered.name,
+            recovered.selector,
+            recovered.cursor,
+            self.last_seq,
+        )
+        self.durables[(recovered.client_id, recovered.name)] = durable
+
+    def delete_durable(self, client_id: str, name: str) -> None:
+        """Remove a durable subscription and release what it held."""
+        durable = self.durables.pop((client_id, name), None)
+        if durable is None:
+            raise RequestError(f"no durable subscription {name!r} for client {client_id!r}")
+        self.store.delete_subscription(client_id, name)
+        self._trim()
+
     def remove_subscription(self, sub: Subscription) -> None:
-        """A subscriber left: the log may shrink."""
+        """A subscriber left; a durable subscription keeps its cursor."""
+        durable = sub.durable
+        if durable is not None:
+            durable.active = None
+            durable.delivered_upto = max(durable.delivered_upto, sub.next_seq - 1)
+            sub.durable = None
+        sub.backlog.clear()
         super().remove_subscription(sub)
         self._trim()
 
     def settle(self, sub: Subscription, message: Message, *, store_removed: bool = False) -> None:
-        """A topic message was acknowledged by one subscriber: its credit frees."""
+        """A subscriber acknowledged a message: its credit frees; a durable cursor advances."""
+        durable = sub.durable
+        if durable is not None:
+            self._advance_cursor(sub, durable)
         self.wakeup()
+
+    def _advance_cursor(self, sub: Subscription, durable: Durable) -> None:
+        upto = (sub.backlog[0].seq if sub.backlog else sub.next_seq) - 1
+        for message in sub.inflight.values():
+            if message.seq <= upto:
+                upto = message.seq - 1
+        for message, _count in sub.redeliver:
+            if message.seq <= upto:
+                upto = message.seq - 1
+        if upto > durable.cursor:
+            durable.cursor = upto
+            self.store.set_cursor(durable.client_id, durable.name, upto)
 
     def requeue(
         self, sub: Subscription, deliveries: list[tuple[int, Message]], *, redelivered: bool
@@ -179,9 +382,23 @@ class Topic(Destination):
                 )
             else:
                 sub.redeliver.append((message, count))
+        if sub.durable is not None:
+            self._advance_cursor(sub, sub.durable)
         self.wakeup()
 
     # -- dispatch -------------------------------------------------------------------------------
+
+    def _load_backlog(self, sub: Subscription) -> None:
+        """Read the next stored messages for a cursor behind the in-memory log."""
+        before = self.base_seq if self.depth else self.visible_seq + 1
+        stored = self.store.load(self.name, sub.next_seq - 1, _BACKLOG_MESSAGES, _BACKLOG_BYTES)
+        loaded = [Message.from_stored(m) for m in stored if m.seq < before]
+        if loaded:
+            sub.backlog.extend(loaded)
+            sub.next_seq = loaded[-1].seq + 1
+        else:
+            # Nothing older is kept: the cursor moves to the oldest message in memory.
+            sub.next_seq = before
 
     def dispatch(self) -> None:
         """Advance every ready cursor through the visible log."""
@@ -191,26 +408,32 @@ class Topic(Destination):
         more = False
         for sub in self.subscriptions:
             budget = DELIVER_LIMIT
-            while sub.redeliver and budget and sub.ready():
-                message, count = sub.redeliver.pop(0)
-                self._deliver(sub, message, count)
-                budget -= 1
-            offset = self._head - self.base_seq
-            while sub.next_seq <= visible and budget:
-                if not sub.ready():
-                    break
-                seq = sub.next_seq
-                if seq < self.base_seq:
-                    # Older than what is kept: the cursor moves to the oldest kept message.
-                    sub.next_seq = self.base_seq
-                    continue
-                message = log[seq + offset]
-                sub.next_seq = seq + 1
+            durable = sub.durable
+            while budget and sub.ready():
+                if sub.redeliver:
+                    message, count = sub.redeliver.pop(0)
+                elif sub.backlog:
+                    message = sub.backlog.pop(0)
+                    count = 1
+                else:
+                    seq = sub.next_seq
+                    if seq > visible:
+                        break
+                    if seq < self.base_seq or not self.depth:
+                        self._load_backlog(sub)
+                        continue
+                    message = log[seq - self.base_seq + self._head]
+                    sub.next_seq = seq + 1
+                    count = 1
                 if message.expires_ms and message.expired(now_ms):
                     continue
                 if sub.selector is not None and not sub.matches(message):
+                    if durable is not None and not sub.inflight:
+                        self._advance_cursor(sub, durable)
                     continue
-                self._deliver(sub, message, 1)
+                if count == 1 and durable is not None and message.seq <= durable.delivered_upto:
+                    count = 2
+                self._deliver(sub, message, count)
                 budget -= 1
             if not budget:
                 more = True
@@ -221,6 +444,8 @@ class Topic(Destination):
     def _deliver(self, sub: Subscription, message: Message, count: int) -> None:
         if sub.auto:
             sub.link.deliver(sub, message, 0, count)
+            if sub.durable is not None:
+                self._advance_cursor(sub, sub.durable)
             return
         tag = next_tag()
         sub.inflight[tag] = message

@@ -273,7 +273,7 @@ class StompSession(asyncio.Protocol):
         if mode is None:
             raise RequestError(f"unknown ack mode {h.get('ack')!r} in SUBSCRIBE")
         prefetch = parse_int_header(h, "activemq.prefetchSize", minimum=1)
-        sub = core.subscribe(
+        core.subscribe(
             sub_id,
             destination,
             mode,
@@ -282,22 +282,25 @@ class StompSession(asyncio.Protocol):
             selector=h.get("selector"),
             exclusive=h.get("activemq.exclusive") == "true",
             max_open_groups=parse_int_header(h, "x-max-open-groups", minimum=0) or 0,
+            durable_name=h.get("activemq.subscriptionName"),
+            offset=h.get("x-offset"),
         )
         escaped = (
             escape_value(sub_id, self._version) if self._version is not Version.V1_0 else sub_id
         )
-        sub.link_data = escaped.encode()
+        core.set_link_data(sub_id, escaped.encode())
         if receipt is not None:
             self._receipt(receipt)
 
     def _on_unsubscribe(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
         h = frame.headers
         sub_id = h.get("id")
-        if sub_id is None:
+        durable_name = h.get("activemq.subscriptionName")
+        if sub_id is None and durable_name is None:
             sub_id = core.find_subscription_by_destination(h.get("destination", ""))
             if sub_id is None:
                 raise RequestError(f"no subscription to {h.get('destination')!r}")
-        core.unsubscribe(sub_id)
+        core.unsubscribe(sub_id, durable_name)
         if receipt is not None:
             self._receipt(receipt)
 
