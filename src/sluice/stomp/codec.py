@@ -1,0 +1,538 @@
+"""STOMP wire format: an incremental frame parser and the frame encoder.
+
+`FrameParser` takes bytes as they arrive and hands out `Frame` and `HeartBeat` events;
+`encode_frame` turns a command, headers and body into bytes. Both follow STOMP 1.0, 1.1 and 1.2
+(header escaping differs per version, and CONNECT/CONNECTED are never escaped). Nothing here does
+I/O.
+
+The parser is the broker's hot path. It keeps one bytearray with a read offset (consumed bytes are
+dropped once per `feed`, not once per frame), searches with `bytearray.find`, and remembers where a
+search stopped so that a frame arriving in many small pieces is not scanned again from its start.
+It never holds more than `max_frame_bytes` of a partial frame (plus the chunk just fed): an oversize
+frame, header block or announced `content-length` is rejected as soon as it is known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from sluice.errors import FrameLimitExceeded, LocalProtocolError, RemoteProtocolError
+from sluice.stomp.frames import BODY_COMMANDS, Command, Frame, HeartBeat, Version
+
+__all__ = [
+    "HEARTBEAT_BYTES",
+    "FrameParser",
+    "StompLimits",
+    "assemble_frame",
+    "encode_frame",
+    "encode_headers",
+    "escape_value",
+]
+
+_KiB = 1024
+_MiB = 1024 * _KiB
+
+HEARTBEAT_BYTES = b"\n"
+
+_LF = 10
+_CR = 13
+_COMMANDS: dict[str, Command] = {c.value: c for c in Command}
+# CONNECT and CONNECTED are never escaped (STOMP 1.2, "Value Encoding"); STOMP is CONNECT's synonym.
+_RAW_COMMANDS = frozenset({Command.CONNECT, Command.STOMP, Command.CONNECTED})
+# Frames that carry content-length even with an empty body, so a reader never scans for NUL.
+_CONTENT_LENGTH_COMMANDS = frozenset({Command.SEND, Command.MESSAGE, Command.ERROR})
+_UNESCAPES: dict[Version, dict[str, str] | None] = {
+    Version.V1_0: None,
+    Version.V1_1: {"n": "\n", "c": ":", "\\": "\\"},
+    Version.V1_2: {"r": "\r", "n": "\n", "c": ":", "\\": "\\"},
+}
+# A content-length with more significant digits than this exceeds any frame limit.
+_MAX_LENGTH_DIGITS = 18
+_HEARTBEAT = HeartBeat()
+
+# Setting the slots through their descriptors builds a Frame in half the time of the frozen
+# dataclass __init__ (which goes through object.__setattr__ per field); the result is identical.
+_new_object = object.__new__
+_frame_slots = vars(Frame)
+_set_command: Callable[[Frame, Command], None] = _frame_slots["command"].__set__
+_set_headers: Callable[[Frame, dict[str, str]], None] = _frame_slots["headers"].__set__
+_set_body: Callable[[Frame, bytes], None] = _frame_slots["body"].__set__
+
+
+def _make_frame(command: Command, headers: dict[str, str], body: bytes) -> Frame:
+    frame: Frame = _new_object(Frame)
+    _set_command(frame, command)
+    _set_headers(frame, headers)
+    _set_body(frame, body)
+    return frame
+
+
+@dataclass(frozen=True)
+class StompLimits:
+    """Bounds on one inbound frame.
+
+    `max_frame_bytes` counts the whole frame, from the first byte of the command through the NUL
+    terminator. `max_header_bytes` counts the command line and the header lines with their line
+    ends, but not the blank line that closes them. `max_headers` counts header lines, repeats
+    included.
+    """
+
+    max_frame_bytes: int = 64 * _MiB
+    max_header_bytes: int = 64 * _KiB
+    max_headers: int = 1000
+
+
+def _preview(text: str, limit: int = 40) -> str:
+    """A short repr for error messages, so a peer cannot make us echo kilobytes back."""
+    if len(text) > limit:
+        return repr(text[:limit]) + "..."
+    return repr(text)
+
+
+def _unescape(text: str, table: dict[str, str], command: Command) -> str:
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    start = 0
+    find = text.find
+    while True:
+        index = find("\\", start)
+        if index < 0:
+            out.append(text[start:])
+            return "".join(out)
+        out.append(text[start:index])
+        code = text[index + 1 : index + 2]
+        replacement = table.get(code)
+        if replacement is None:
+            what = f"undefined escape sequence \\{code}" if code else "incomplete escape sequence"
+            raise RemoteProtocolError(f"{what} in a header of the {command} frame")
+        out.append(replacement)
+        start = index + 2
+
+
+class FrameParser:
+    """Incremental STOMP frame parser: `feed` bytes, then call `next_event` until it returns None.
+
+    `version` selects the header escaping rules and may be changed once the version is negotiated.
+    Errors raise `RemoteProtocolError` (limits raise its subclass `FrameLimitExceeded`); after an
+    error the parser raises the same error on every call.
+
+    Memory bound: if the caller drains `next_event` after every `feed`, the buffer never holds more
+    than `limits.max_frame_bytes` plus the size of the chunk fed last.
+    """
+
+    __slots__ = (
+        "_body_length",
+        "_body_offset",
+        "_buf",
+        "_command",
+        "_error",
+        "_headers",
+        "_line_checked",
+        "_pos",
+        "_scan",
+        "_unescapes",
+        "_version",
+        "limits",
+    )
+
+    def __init__(self, limits: StompLimits, version: Version = Version.V1_2) -> None:
+        self.limits = limits
+        self._version = version
+        self._unescapes = _UNESCAPES[version]
+        self._buf = bytearray()
+        # Start of the frame (or heart-beat) being parsed; bytes before it are consumed.
+        self._pos = 0
+        # Where the next search resumes, relative to _pos (blank line, then NUL).
+        self._scan = 0
+        # Set once the header block of the current frame has been parsed.
+        self._command: Command | None = None
+        self._headers: dict[str, str] = {}
+        self._body_offset = 0
+        self._body_length = -1
+        # Whether the command line of the current frame has been seen and found valid.
+        self._line_checked = False
+        self._error: RemoteProtocolError | None = None
+
+    @property
+    def version(self) -> Version:
+        """The STOMP version whose escaping rules apply to the frames still to be parsed."""
+        return self._version
+
+    @version.setter
+    def version(self, version: Version) -> None:
+        self._version = version
+        self._unescapes = _UNESCAPES[version]
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet returned as events."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append received bytes. Parsing happens in `next_event`."""
+        buf = self._buf
+        if self._pos:
+            # One compaction per feed keeps per-frame work free of buffer moves.
+            del buf[: self._pos]
+            self._pos = 0
+        buf += data
+
+    def next_event(self) -> Frame | HeartBeat | None:
+        """Return the next complete frame or heart-beat, or None if more bytes are needed."""
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        try:
+            return self._next_event()
+        except RemoteProtocolError as exc:
+            self._error = exc
+            raise
+
+    def _next_event(self) -> Frame | HeartBeat | None:
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        if pos >= end:
+            return None
+        command = self._command
+        if command is None:
+            first = buf[pos]
+            if first in (_LF, _CR):
+                return self._end_of_lines(buf, pos, end)
+            if not self._parse_headers(buf, pos, end):
+                return None
+            command = self._command
+            assert command is not None
+        body_start = pos + self._body_offset
+        length = self._body_length
+        if length >= 0:
+            nul = body_start + length
+            if nul >= end:
+                return None
+            if buf[nul] != 0:
+                raise RemoteProtocolError(
+                    f"{command} frame is not terminated by NUL after its content-length octets"
+                )
+        elif command in BODY_COMMANDS:
+            limit = pos + self.limits.max_frame_bytes
+            nul = buf.find(0, pos + self._scan, limit)
+            if nul < 0:
+                if end >= limit:
+                    raise FrameLimitExceeded(
+                        "max_frame_bytes",
+                        self.limits.max_frame_bytes,
+                        f"{command} frame without NUL within the limit",
+                    )
+                self._scan = end - pos
+                return None
+        else:
+            # A frame that may not carry a body must have its NUL right after the blank line.
+            if body_start >= end:
+                return None
+            if buf[body_start] != 0:
+                raise RemoteProtocolError(f"frame {command} must not have a body")
+            nul = body_start
+        body = bytes(buf[body_start:nul]) if nul > body_start else b""
+        frame = _make_frame(command, self._headers, body)
+        self._pos = nul + 1
+        self._scan = 0
+        self._command = None
+        self._headers = {}
+        self._body_length = -1
+        self._line_checked = False
+        return frame
+
+    def _end_of_lines(self, buf: bytearray, pos: int, end: int) -> HeartBeat | None:
+        """Consume the EOLs at a frame boundary as one heart-beat."""
+        index = pos
+        while index < end:
+            byte = buf[index]
+            if byte == _LF:
+                index += 1
+            elif byte == _CR:
+                if index + 1 >= end:
+                    break
+                if buf[index + 1] != _LF:
+                    raise RemoteProtocolError("CR not followed by LF between frames")
+                index += 2
+            else:
+                break
+        if index == pos:
+            return None
+        self._pos = index
+        return _HEARTBEAT
+
+    def _parse_headers(self, buf: bytearray, pos: int, end: int) -> bool:
+        """Find and parse the command line and headers; False if the blank line has not come."""
+        limits = self.limits
+        max_header_bytes = limits.max_header_bytes
+        # The blank line is LF LF or LF CR LF; any that is within the limit lies in this window.
+        window_end = pos + max_header_bytes + 2
+        search_end = end if end < window_end else window_end
+        start = pos + self._scan
+        index = buf.find(b"\n\n", start, search_end)
+        crlf = buf.find(b"\n\r\n", start, index + 2 if index >= 0 else search_end)
+        if crlf >= 0:
+            index = crlf
+            body_start = crlf + 3
+        elif index >= 0:
+            body_start = index + 2
+        else:
+            if end >= window_end:
+                raise FrameLimitExceeded(
+                    "max_header_bytes", max_header_bytes, "no end of headers within the limit"
+                )
+            if end - pos > limits.max_frame_bytes:
+                raise FrameLimitExceeded(
+                    "max_frame_bytes", limits.max_frame_bytes, "no end of headers within the limit"
+                )
+            if not self._line_checked:
+                self._line_checked = self._check_command_line(buf, pos, end)
+            # Resume two bytes back: a blank-line pattern may straddle the end of the data.
+            self._scan = max(search_end - pos - 2, 0)
+            return False
+        if index + 1 - pos > max_header_bytes:
+            raise FrameLimitExceeded(
+                "max_header_bytes", max_header_bytes, f"header block of {index + 1 - pos} bytes"
+            )
+        try:
+            text = buf[pos:index].decode()
+        except UnicodeDecodeError:
+            raise RemoteProtocolError("frame header is not valid UTF-8") from None
+        lines = text.split("\n")
+        if "\r" in text:
+            lines = [line[:-1] if line[-1:] == "\r" else line for line in lines]
+        command = _COMMANDS.get(lines[0])
+        if command is None:
+            raise RemoteProtocolError(f"unknown command {_preview(lines[0])}")
+        count = len(lines) - 1
+        if count > limits.max_headers:
+            raise FrameLimitExceeded("max_headers", limits.max_headers, f"{count} headers")
+        headers: dict[str, str] = {}
+        if count:
+            table = self._unescapes
+            if table is not None and "\\" in text and command not in _RAW_COMMANDS:
+                self._parse_escaped(lines, headers, table, command)
+            else:
+                setdefault = headers.setdefault  # first of repeated headers wins
+                for line in lines[1:]:
+                    key, sep, value = line.partition(":")
+                    if not sep:
+                        raise RemoteProtocolError(f"header line without ':' in {command} frame")
+                    setdefault(key, value)
+        length = -1
+        declared = headers.get("content-length")
+        if declared is not None:
+            if not (declared.isascii() and declared.isdigit()):
+                raise RemoteProtocolError(f"invalid content-length {_preview(declared)}")
+            if len(declared.lstrip("0")) > _MAX_LENGTH_DIGITS:
+                raise FrameLimitExceeded(
+                    "max_frame_bytes", limits.max_frame_bytes, "content-length too large"
+                )
+            length = int(declared)
+            if length and command not in BODY_COMMANDS:
+                raise RemoteProtocolError(f"frame {command} must not have a body")
+            frame_bytes = body_start - pos + length + 1
+            if frame_bytes > limits.max_frame_bytes:
+                raise FrameLimitExceeded(
+                    "max_frame_bytes",
+                    limits.max_frame_bytes,
+                    f"content-length announces a frame of {frame_bytes} bytes",
+                )
+        elif body_start - pos >= limits.max_frame_bytes:
+            raise FrameLimitExceeded(
+                "max_frame_bytes", limits.max_frame_bytes, "headers leave no room for the NUL"
+            )
+        self._command = command
+        self._headers = headers
+        self._body_offset = body_start - pos
+        self._body_length = length
+        self._scan = body_start - pos
+        return True
+
+    @staticmethod
+    def _parse_escaped(
+        lines: list[str], headers: dict[str, str], table: dict[str, str], command: Command
+    ) -> None:
+        for i in range(1, len(lines)):
+            key, sep, value = lines[i].partition(":")
+            if not sep:
+                raise RemoteProtocolError(f"header line without ':' in {command} frame")
+            key = _unescape(key, table, command)
+            if key not in headers:
+                headers[key] = _unescape(value, table, command)
+
+    @staticmethod
+    def _check_command_line(buf: bytearray, pos: int, end: int) -> bool:
+        """Reject an unknown command as soon as its line is complete, before the headers arrive.
+
+        Returns whether the line was complete (and valid).
+        """
+        newline = buf.find(b"\n", pos, end)
+        if newline < 0:
+            return False
+        name = bytes(buf[pos:newline]).removesuffix(b"\r").decode("latin-1")
+        if name not in _COMMANDS:
+            raise RemoteProtocolError(f"unknown command {_preview(name)}")
+        return True
+
+
+def escape_value(value: str, version: Version) -> str:
+    """Escape a header value for a frame other than CONNECT/CONNECTED.
+
+    1.2 escapes backslash, CR, LF and colon; 1.1 all but CR; 1.0 nothing. Raises
+    `LocalProtocolError` for a value the version cannot carry (a line break in 1.0, or a CR at the
+    end in 1.0/1.1, which a reader would take for part of a CRLF).
+    """
+    if version is Version.V1_2:
+        if "\\" in value or "\r" in value or "\n" in value or ":" in value:
+            value = (
+                value.replace("\\", "\\\\")
+                .replace("\r", "\\r")
+                .replace("\n", "\\n")
+                .replace(":", "\\c")
+            )
+        return value
+    if value.endswith("\r"):
+        raise LocalProtocolError(f"STOMP {version.value} cannot carry a header ending in CR")
+    if version is Version.V1_1:
+        if "\\" in value or "\n" in value or ":" in value:
+            value = value.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
+        return value
+    if "\n" in value:
+        raise LocalProtocolError("STOMP 1.0 cannot carry a line feed in a header")
+    return value
+
+
+def _escape_key(key: str, version: Version) -> str:
+    if "\\" in key or "\r" in key or "\n" in key or ":" in key:
+        key = key.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
+        if version is Version.V1_2:
+            key = key.replace("\r", "\\r")
+    return key
+
+
+def _encode_text(text: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        # Lone surrogates, typically from bytes decoded with surrogateescape.
+        raise LocalProtocolError(f"header text is not encodable as UTF-8: {exc.reason}") from None
+
+
+def _check_raw(key: str, value: str, command: Command) -> None:
+    """Raise if an unescaped header would not read back the same."""
+    if ":" in key or "\n" in key or "\n" in value or value.endswith("\r"):
+        raise LocalProtocolError(
+            f"header {_preview(key)} of {command} cannot be sent unescaped "
+            "(colon in key, line feed, or CR at the end)"
+        )
+
+
+def _header_lines(
+    items: Iterable[tuple[str, str]], escape: bool, version: Version, command: Command
+) -> list[str]:
+    lines = [f"{key}:{value}" for key, value in items]
+    if not lines:
+        return lines
+    # Usual case: nothing needs escaping or checking, proven with a few scans over the whole block.
+    block = "\n".join(lines)
+    if (
+        block.count(":") == len(lines)
+        and block.count("\n") == len(lines) - 1
+        and "\\" not in block
+        and "\r" not in block
+    ):
+        return lines
+    if escape:
+        # A key may end in CR (the colon follows it); only a value's last CR would be lost.
+        return [f"{_escape_key(k, version)}:{escape_value(v, version)}" for k, v in items]
+    for key, value in items:
+        _check_raw(key, value, command)
+    return lines
+
+
+def encode_headers(
+    headers: Mapping[str, str] | Iterable[tuple[str, str]], version: Version
+) -> bytes:
+    """Encode header lines (`key:value` and LF each), escaped as `version` requires.
+
+    For callers that cache the header block of a message and send it many times (see
+    `assemble_frame`). Not for CONNECT/CONNECTED, which are never escaped.
+    """
+    items = list(headers.items() if isinstance(headers, Mapping) else headers)
+    if not items:
+        return b""
+    lines = _header_lines(items, version.escapes_headers, version, Command.SEND)
+    return _encode_text("\n".join(lines) + "\n")
+
+
+def encode_frame(
+    command: Command,
+    headers: Mapping[str, str] | Iterable[tuple[str, str]],
+    body: bytes = b"",
+    version: Version = Version.V1_2,
+    *,
+    content_length: bool = True,
+) -> bytes:
+    """Encode one frame.
+
+    Headers are escaped per `version`, except on CONNECT, STOMP and CONNECTED. With
+    `content_length` (the default) a `content-length` header is added when the body is not empty
+    or the command is SEND, MESSAGE or ERROR, unless `headers` already has one. Raises
+    `LocalProtocolError` for a body on a command that may not carry one, a `content-length` that
+    does not match the body, or a NUL in a body sent without `content-length`.
+    """
+    if type(headers) is dict or isinstance(headers, Mapping):
+        items: Iterable[tuple[str, str]] = headers.items()
+        declared = headers.get("content-length")
+    else:
+        items = list(headers)
+        declared = next((v for k, v in items if k == "content-length"), None)
+    if body and command not in BODY_COMMANDS:
+        raise LocalProtocolError(f"frame {command} must not have a body")
+    escape = version is not Version.V1_0 and command not in _RAW_COMMANDS
+    lines = _header_lines(items, escape, version, command)
+    if declared is not None:
+        if not (
+            len(declared) <= _MAX_LENGTH_DIGITS
+            and declared.isascii()
+            and declared.isdigit()
+            and int(declared) == len(body)
+        ):
+            raise LocalProtocolError(
+                f"content-length {_preview(declared)} does not match a body of {len(body)} bytes"
+            )
+    elif content_length and (body or command in _CONTENT_LENGTH_COMMANDS):
+        lines.append(f"content-length:{len(body)}")
+    elif b"\0" in body:
+        raise LocalProtocolError("a body containing NUL needs a content-length header")
+    if lines:
+        head = f"{command.value}\n" + "\n".join(lines) + "\n\n"
+    else:
+        head = f"{command.value}\n\n"
+    return b"".join((_encode_text(head), body, b"\0"))
+
+
+def assemble_frame(
+    command: Command, header_block: bytes, body: bytes = b"", *, content_length: bool = True
+) -> bytes:
+    """Build a frame from a header block made by `encode_headers`, plus the body.
+
+    `content-length` is appended as in `encode_frame` unless the block already has one; the block
+    is trusted to suit the version in use.
+    """
+    if body and command not in BODY_COMMANDS:
+        raise LocalProtocolError(f"frame {command} must not have a body")
+    has_length = header_block.startswith(b"content-length:") or (
+        b"\ncontent-length:" in header_block
+    )
+    parts = [command.value.encode(), b"\n", header_block]
+    if not has_length:
+        if content_length and (body or command in _CONTENT_LENGTH_COMMANDS):
+            parts.append(b"content-length:%d\n" % len(body))
+        elif b"\0" in body:
+            raise LocalProtocolError("a body containing NUL needs a content-length header")
+    parts += (b"\n", body, b"\0")
+    return b"".join(parts)
