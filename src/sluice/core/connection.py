@@ -116,7 +116,10 @@ class BrokerConnection:
                 broker.track_write(message)
                 broker.store.add(message, broker.write_done, tx.store_id)
             on_stored(None)
-        elif message.persistent:
+            return self._check_flow(destination)
+        if dedup_id is not None:
+            destination.dedup.add(dedup_id)
+        if message.persistent:
             broker.track_write(message)
 
             def stored(handle: WriteHandle | None) -> None:
@@ -126,6 +129,10 @@ class BrokerConnection:
             destination.accept(message, stored)
         else:
             destination.accept(message, on_stored)
+        return self._check_flow(destination)
+
+    def _check_flow(self, destination: Destination) -> None:
+        broker = self.broker
         usage = destination.usage
         if usage.full:
             broker.count("flow_paused_memory")

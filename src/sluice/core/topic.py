@@ -234,16 +234,15 @@ class Topic(Destination):
             position = sub.backlog[0].seq if sub.backlog else sub.next_seq
             if position < low_active:
                 low_active = position
+        # A durable subscription, active or not, holds what it has not acknowledged: if its
+        # consumer leaves, the unacknowledged messages are delivered again.
         low_durable = last
-        low_inactive = last
         for durable in self.durables.values():
             after = durable.cursor + 1
             if after < low_durable:
                 low_durable = after
-            if durable.active is None and after < low_inactive:
-                low_inactive = after
         low_retention = self._retention_floor()
-        low_unstored = min(low_inactive, low_retention)
+        low_unstored = min(low_durable, low_retention)
 
         log = self._log
         head = self._head
