@@ -106,7 +106,7 @@ class BrokerConnection:
             # Seen within the window: acknowledged to the producer and dropped.
             broker.count("duplicates_dropped")
             on_stored(None)
-            return
+            return None
         if txid is not None:
             tx = self._tx(txid)
             tx.adds.append((destination, message))
