@@ -22,6 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+DEDUP_HEADER = "x-dedup-id"
+"""The SEND header whose values a store keeps in each destination's dedup window."""
+
 
 class StoredMessage:
     """A message as the store keeps it. The core's runtime message extends this class."""
@@ -138,7 +141,8 @@ class RecoveredDestination:
     # Highest sequence that may have been dispatched before the stop: messages at or below it are
     # redelivered with `redelivered:true`.
     dispatch_mark: int = 0
-    # The most recent `x-dedup-id`s, oldest first, at most the configured window.
+    # The most recent `x-dedup-id`s (of non-transacted adds, and of transacted ones at commit),
+    # oldest first, at most the configured window.
     dedup_ids: list[str] = field(default_factory=list)
 
 
@@ -175,6 +179,12 @@ class StoreStats:
     cancelled_writes: int = 0
     batches: int = 0
     syncs: int = 0
+    # A write or sync failed: the store stops accepting writes until it is reopened.
+    write_errors: int = 0
+    checkpoints: int = 0
+    gc_deleted_files: int = 0
+    gc_archived_files: int = 0
+    compacted_files: int = 0
 
 
 class MessageStore(Protocol):
@@ -205,7 +215,9 @@ class MessageStore(Protocol):
         txid: str | None = None,
     ) -> WriteHandle:
         """Async: the message was consumed. If its add is still pending and no transaction is
-        involved, the add is cancelled and nothing is written for either."""
+        involved, the add is cancelled and nothing is written for either: both handles end
+        CANCELLED and both go through the sink. (The journal store still writes adds that carry
+        an `x-dedup-id`, so the id stays in the persisted window.)"""
         ...
 
     def remove_range(self, destination: str, upto_seq: int) -> WriteHandle:
@@ -232,7 +244,8 @@ class MessageStore(Protocol):
         self, txid: str, seqs: Sequence[int], on_complete: Callable[[WriteHandle], None] | None
     ) -> WriteHandle:
         """Async: make the transaction's adds visible with these sequences, in add order, and
-        apply its removes."""
+        apply its removes. Raises ValueError, leaving the transaction open, when the number of
+        sequences differs from the number of adds."""
         ...
 
     def abort(self, txid: str) -> None:
@@ -240,7 +253,8 @@ class MessageStore(Protocol):
         ...
 
     def mark_dispatched(self, destination: str, seq: int) -> WriteHandle:
-        """Async: messages of `destination` up to `seq` may be dispatched from now on."""
+        """Async: messages of `destination` up to `seq` may be dispatched from now on (the
+        destination is created if it does not exist; the mark is reported by `open()`)."""
         ...
 
     def delete_destination(self, destination: str) -> WriteHandle:

@@ -8,12 +8,14 @@ for `--store memory` and as the model the contract tests hold the journal store 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedDict
 
 from sluice.store.api import (
+    DEDUP_HEADER,
     CompletionSink,
     RecoveredDestination,
     RecoveredSubscription,
@@ -36,8 +38,11 @@ class MemoryStore:
 
     pages_to_disk = False
 
-    def __init__(self) -> None:
+    def __init__(self, dedup_window: int = 10_000) -> None:
         self._sink: CompletionSink | None = None
+        self._dedup_window = dedup_window
+        self._dedup: dict[str, deque[str]] = {}
+        self._dispatch_marks: dict[str, int] = {}
         self._destinations: dict[str, SortedDict] = {}
         self._last_seq: dict[str, int] = {}
         self._txs: dict[str, _Tx] = {}
@@ -57,6 +62,8 @@ class MemoryStore:
                     last_seq=self._last_seq.get(name, 0),
                     message_count=len(msgs),
                     message_bytes=sum(m.size for m in msgs.values()),
+                    dispatch_mark=self._dispatch_marks.get(name, 0),
+                    dedup_ids=list(self._dedup.get(name, ())),
                 )
                 for name, msgs in self._destinations.items()
             ],
@@ -77,6 +84,14 @@ class MemoryStore:
         if self._sink is not None:
             self._sink((handle,))
         return handle
+
+    def _remember_dedup(self, message: StoredMessage) -> None:
+        dedup_id = message.headers.get(DEDUP_HEADER)
+        if dedup_id and self._dedup_window > 0:
+            window = self._dedup.get(message.destination)
+            if window is None:
+                window = self._dedup[message.destination] = deque(maxlen=self._dedup_window)
+            window.append(dedup_id)
 
     def _messages(self, destination: str) -> SortedDict:
         msgs = self._destinations.get(destination)
@@ -99,6 +114,7 @@ class MemoryStore:
             self._messages(message.destination)[message.seq] = message
             if message.seq > self._last_seq.get(message.destination, 0):
                 self._last_seq[message.destination] = message.seq
+            self._remember_dedup(message)
         return self._complete(on_complete, message.size)
 
     def remove(
@@ -163,14 +179,16 @@ class MemoryStore:
         self, txid: str, seqs: Sequence[int], on_complete: Callable[[WriteHandle], None] | None
     ) -> WriteHandle:
         """Assign sequences to the transaction's adds and apply its removes."""
-        tx = self._txs.pop(txid, _Tx())
+        tx = self._txs.get(txid, _Tx())
         if len(seqs) != len(tx.adds):
             raise ValueError(f"commit of {txid}: {len(seqs)} sequences for {len(tx.adds)} adds")
+        self._txs.pop(txid, None)
         for message, seq in zip(tx.adds, seqs, strict=True):
             message.seq = seq
             self._messages(message.destination)[seq] = message
             if seq > self._last_seq.get(message.destination, 0):
                 self._last_seq[message.destination] = seq
+            self._remember_dedup(message)
         for destination, seq in tx.removes:
             msgs = self._destinations.get(destination)
             if msgs is not None:
@@ -184,13 +202,17 @@ class MemoryStore:
     # -- destinations, subscriptions ---------------------------------------------------------
 
     def mark_dispatched(self, destination: str, seq: int) -> WriteHandle:
-        """Nothing survives a restart, so there is nothing to mark."""
+        """Remember the mark (reported by `open()` on this instance)."""
+        self._messages(destination)
+        self._dispatch_marks[destination] = seq
         return self._complete(None)
 
     def delete_destination(self, destination: str) -> WriteHandle:
         """Drop the destination and its messages."""
         self._destinations.pop(destination, None)
         self._last_seq.pop(destination, None)
+        self._dispatch_marks.pop(destination, None)
+        self._dedup.pop(destination, None)
         return self._complete(None)
 
     def put_subscription(self, sub: RecoveredSubscription) -> WriteHandle:

@@ -1,0 +1,35 @@
+"""A pending journal operation, as the store queues it and the writer writes it."""
+
+from __future__ import annotations
+
+from sluice.store.api import WriteHandle
+from sluice.store.journal import format as fmt
+from sluice.store.journal.overlay import Cleanup
+
+
+class Op:
+    """One pending record (or, with `rtype` 0, only a handle to complete)."""
+
+    __slots__ = ("cleanup", "handle", "location", "nbytes", "parts", "record", "rtype")
+
+    def __init__(
+        self,
+        rtype: int,
+        record: fmt.Record | None,
+        parts: list[bytes] | None,
+        handle: WriteHandle | None,
+        cleanup: Cleanup | None = None,
+    ) -> None:
+        self.rtype = rtype
+        self.record = record
+        self.parts = parts
+        self.nbytes = sum(len(p) for p in parts) if parts else 0
+        self.handle = handle
+        self.location: tuple[int, int, int] | None = None
+        self.cleanup = cleanup
+
+    @classmethod
+    def of(cls, record: fmt.Record, handle: WriteHandle | None = None) -> Op:
+        """An op for any record but ADD."""
+        rtype, payload = fmt.encode(record)
+        return cls(rtype, record, [payload], handle)

@@ -1,0 +1,80 @@
+"""Changes the index has not committed yet, as the event-loop thread must already see them.
+
+Readers merge the overlay over a read snapshot of the index. An entry is a pending or written add
+(the writer's op), or `None` for a removal; a floor hides every indexed message of a destination
+at or below it (remove_range, delete_destination). The writer drops entries once an index commit
+contains their effect: each op carries `Cleanup` triples naming the entries it created, and an
+entry is dropped only if it is still the same object, so a later change to the same key stays.
+
+Readers open their index snapshot while holding the store lock, and the writer drops entries under
+that lock after its commit; so a reader sees each change either in the overlay, in its snapshot, or
+(briefly) in both, never in neither. Every method here is called with the store lock held.
+"""
+
+from __future__ import annotations
+
+from sortedcontainers import SortedDict
+
+MAX_SEQ = (1 << 64) - 1
+
+# (destination, seq, entry) to drop if still present; seq -1 drops the floor whose token is entry.
+Cleanup = list[tuple[str, int, object]]
+
+
+class Overlay:
+    """Per-destination sorted entries and floors."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, SortedDict] = {}
+        self.floors: dict[str, tuple[int, object]] = {}
+
+    def put(self, destination: str, seq: int, entry: object) -> None:
+        """Show an add (or, with `None`, a removal) at this key."""
+        entries = self.entries.get(destination)
+        if entries is None:
+            entries = self.entries[destination] = SortedDict()
+        entries[seq] = entry
+
+    def discard(self, destination: str, seq: int) -> None:
+        """Forget the key (a cancelled add: nothing was stored)."""
+        entries = self.entries.get(destination)
+        if entries is not None:
+            entries.pop(seq, None)
+            if not entries:
+                del self.entries[destination]
+
+    def set_floor(self, destination: str, upto_seq: int, token: object) -> None:
+        """Hide everything of the destination up to `upto_seq`."""
+        current = self.floors.get(destination)
+        if current is not None:
+            upto_seq = max(upto_seq, current[0])
+        self.floors[destination] = (upto_seq, token)
+        entries = self.entries.get(destination)
+        if entries is not None:
+            for seq in list(entries.irange(maximum=upto_seq)):
+                del entries[seq]
+            if not entries:
+                del self.entries[destination]
+
+    def floor(self, destination: str) -> int:
+        """Indexed messages at or below this are hidden."""
+        current = self.floors.get(destination)
+        return current[0] if current is not None else 0
+
+    def drop(self, cleanups: list[Cleanup]) -> None:
+        """Forget entries whose effect the index now holds."""
+        for cleanup in cleanups:
+            for destination, seq, entry in cleanup:
+                if seq < 0:
+                    current = self.floors.get(destination)
+                    if current is not None and current[1] is entry:
+                        del self.floors[destination]
+                    continue
+                entries = self.entries.get(destination)
+                if entries is not None and entries.get(seq, _MISSING) is entry:
+                    del entries[seq]
+                    if not entries:
+                        del self.entries[destination]
+
+
+_MISSING = object()

@@ -1,0 +1,535 @@
+"""Applying journal records to the index: one code path for live writes, replay and rebuild.
+
+The small tables (destinations, subscriptions, files, dedup windows) live in memory and are written
+to the index at each checkpoint; per-message entries go straight into the LMDB write transaction.
+Used by one thread at a time (recovery, then the writer thread).
+
+Liveness rules kept here are what make garbage collection safe, including for a later rebuild of
+the index from whatever files remain (see `FileInfo`): a record that removes or supersedes state
+makes its file depend on the files holding what it removed, so the remover never goes first.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from sluice.store.api import RecoveredDestination, RecoveredSubscription
+from sluice.store.journal import format as fmt
+from sluice.store.journal.index import (
+    DestInfo,
+    FileInfo,
+    Index,
+    IndexCorrupt,
+    MsgLoc,
+    SubInfo,
+    decode_dedup,
+    decode_tx_add,
+    decode_tx_remove,
+    dkey,
+    encode_dedup,
+    encode_tx_add,
+    encode_tx_remove,
+    file_key,
+    msg_key,
+    rev_key,
+    skey,
+)
+
+_MAX_SEQ = (1 << 64) - 1
+_TX_ADD = b"\x00"
+_TX_REMOVE = b"\x01"
+_TX_BEGIN = b"\x02"
+
+DedupEntry = tuple[int, str, tuple[int, ...]]  # ordinal, id, files it needs
+
+
+class JournalState:
+    """The index's view of the journal, updated record by record."""
+
+    def __init__(self, index: Index, dedup_window: int) -> None:
+        self.index = index
+        self.dedup_window = dedup_window
+        self.dests: dict[str, DestInfo] = {}
+        self.subs: dict[tuple[str, str], SubInfo] = {}
+        self.files: dict[int, FileInfo] = {}
+        self.dedup: dict[str, deque[DedupEntry]] = {}
+        self.open_txs: set[int] = set()
+        self.next_txno = 1
+        self.updates = 0
+        self.problems: list[str] = []
+        self._dirty_dests: set[str] = set()
+        self._dirty_subs: set[tuple[str, str]] = set()
+        self._dirty_files: set[int] = set()
+        self._dirty_dedup: set[str] = set()
+        self._dedup_saved: dict[str, int] = {}
+        self._db = index.dbs
+
+    @property
+    def dirty(self) -> bool:
+        """Whether anything changed since the last flush."""
+        return bool(
+            self.updates
+            or self._dirty_dests
+            or self._dirty_subs
+            or self._dirty_files
+            or self._dirty_dedup
+        )
+
+    # -- loading and saving ------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Read the tables from the index (inside its write transaction)."""
+        txn = self.index.txn
+        by_key: dict[bytes, str] = {}
+        for key, value in txn.cursor(db=self._db[b"dests"]):
+            info = DestInfo.decode(value)
+            self.dests[info.name] = info
+            by_key[bytes(key)] = info.name
+        for _key, value in txn.cursor(db=self._db[b"subs"]):
+            sub = SubInfo.decode(value)
+            self.subs[(sub.client_id, sub.name)] = sub
+        for key, value in txn.cursor(db=self._db[b"files"]):
+            self.files[int.from_bytes(key, "big")] = FileInfo.decode(value)
+        for key, value in txn.cursor(db=self._db[b"dedup"]):
+            name = by_key.get(bytes(key[:16]))
+            if name is None:
+                raise IndexCorrupt("dedup entry of an unknown destination")
+            dedup_id, files = decode_dedup(value)
+            ordinal = int.from_bytes(key[16:], "big")
+            self.dedup.setdefault(name, deque()).append((ordinal, dedup_id, files))
+            self._dedup_saved[name] = ordinal
+        for key in txn.cursor(db=self._db[b"tx"]).iternext(keys=True, values=False):
+            self.open_txs.add(int.from_bytes(key[:8], "big"))
+
+    def flush(self, checkpoint: tuple[int, int], *, ok: bool = True) -> None:
+        """Write the changed tables and the checkpoint position into the write transaction."""
+        txn = self.index.txn
+        dests_db, subs_db, files_db = self._db[b"dests"], self._db[b"subs"], self._db[b"files"]
+        for name in self._dirty_dests:
+            info = self.dests.get(name)
+            if info is None:
+                txn.delete(dkey(name), db=dests_db)
+            else:
+                txn.put(dkey(name), info.encode(), db=dests_db)
+        for key in self._dirty_subs:
+            sub = self.subs.get(key)
+            if sub is None:
+                txn.delete(skey(*key), db=subs_db)
+            else:
+                txn.put(skey(*key), sub.encode(), db=subs_db)
+        for file_no in self._dirty_files:
+            fi = self.files.get(file_no)
+            if fi is None:
+                txn.delete(file_key(file_no), db=files_db)
+            else:
+                txn.put(file_key(file_no), fi.encode(), db=files_db)
+        for name in self._dirty_dedup:
+            self._flush_dedup(name)
+        self._dirty_dests.clear()
+        self._dirty_subs.clear()
+        self._dirty_files.clear()
+        self._dirty_dedup.clear()
+        self.index.write_meta(checkpoint, self.next_txno, ok=ok)
+        self.updates = 0
+
+    def _flush_dedup(self, name: str) -> None:
+        txn = self.index.txn
+        db = self._db[b"dedup"]
+        dk = dkey(name)
+        window = self.dedup.get(name)
+        first = window[0][0] if window else _MAX_SEQ
+        cur = txn.cursor(db=db)
+        if cur.set_range(dk):
+            while True:
+                key = cur.key()
+                if not key or key[:16] != dk or int.from_bytes(key[16:], "big") >= first:
+                    break
+                if not cur.delete():
+                    break
+        saved = self._dedup_saved.get(name, 0)
+        for ordinal, dedup_id, files in window or ():
+            if ordinal > saved:
+                txn.put(dk + ordinal.to_bytes(8, "big"), encode_dedup(dedup_id, files), db=db)
+        if window:
+            self._dedup_saved[name] = window[-1][0]
+        else:
+            self._dedup_saved.pop(name, None)
+
+    # -- what recovery hands to the core -----------------------------------------------------------
+
+    def recovered(self) -> tuple[list[RecoveredDestination], list[RecoveredSubscription]]:
+        """The destinations and durable subscriptions, as the core sees them after `open()`."""
+        dests = [
+            RecoveredDestination(
+                name=d.name,
+                last_seq=d.last_seq,
+                message_count=d.count,
+                message_bytes=d.message_bytes,
+                dispatch_mark=d.dispatch_mark,
+                dedup_ids=[i for _, i, _ in self.dedup.get(d.name, ())],
+            )
+            for d in sorted(self.dests.values(), key=lambda d: d.name)
+        ]
+        subs = [
+            RecoveredSubscription(s.client_id, s.name, s.destination, s.selector, s.cursor)
+            for s in sorted(self.subs.values(), key=lambda s: (s.client_id, s.name))
+        ]
+        return dests, subs
+
+    # -- files -------------------------------------------------------------------------------------
+
+    def file_seen(self, file_no: int, data_bytes: int) -> None:
+        """A data file exists and holds valid data up to `data_bytes`."""
+        fi = self.files.get(file_no)
+        if fi is None:
+            fi = self.files[file_no] = FileInfo()
+        if fi.data_bytes != data_bytes:
+            fi.data_bytes = data_bytes
+        self._dirty_files.add(file_no)
+
+    def files_gone(self, file_nos: Iterable[int]) -> None:
+        """Data files were deleted or archived: forget them everywhere."""
+        gone = set(file_nos)
+        for file_no in gone:
+            self.files.pop(file_no, None)
+            self._dirty_files.add(file_no)
+        for file_no, fi in self.files.items():
+            if fi.deps & gone:
+                fi.deps -= gone
+                self._dirty_files.add(file_no)
+        for name, info in self.dests.items():
+            if info.files & gone:
+                info.files -= gone
+                self._dirty_dests.add(name)
+        for key, sub in self.subs.items():
+            if sub.files & gone:
+                sub.files -= gone
+                self._dirty_subs.add(key)
+
+    def _pin(self, file_no: int) -> None:
+        fi = self.files.get(file_no)
+        if fi is None:
+            fi = self.files[file_no] = FileInfo()
+        fi.pins += 1
+        self._dirty_files.add(file_no)
+
+    def _unpin(self, file_no: int) -> None:
+        fi = self.files.get(file_no)
+        if fi is not None and fi.pins > 0:
+            fi.pins -= 1
+            self._dirty_files.add(file_no)
+
+    def _add_deps(self, file_no: int, targets: Iterable[int]) -> None:
+        fi = self.files.get(file_no)
+        if fi is None:
+            return
+        for target in targets:
+            if target != file_no and target in self.files and target not in fi.deps:
+                fi.deps.add(target)
+                self._dirty_files.add(file_no)
+
+    # -- applying records --------------------------------------------------------------------------
+
+    def apply(self, rtype: int, record: fmt.Record, file_no: int, offset: int, length: int) -> None:
+        """Reflect one journal record, found at (file, offset) with this whole length."""
+        self.updates += 1
+        if rtype == fmt.RecordType.ADD:
+            assert isinstance(record, fmt.AddMeta)
+            loc = MsgLoc(file_no, offset, length, record.size, record.timestamp_ms)
+            if record.txno:
+                self._tx_add(record, loc)
+            else:
+                self._put_message(record.destination, record.seq, loc, record.dedup_id)
+        elif isinstance(record, fmt.Remove):
+            if record.txno:
+                self._tx_remove(record, file_no, offset)
+            else:
+                self._remove_message(record.destination, record.seq, (file_no,))
+        elif isinstance(record, fmt.RemoveRange):
+            self._remove_range(record.destination, record.upto_seq, file_no)
+        elif isinstance(record, fmt.TxBegin):
+            self._note_txno(record.txno)
+            self.index.txn.put(
+                record.txno.to_bytes(8, "big") + _TX_BEGIN,
+                file_no.to_bytes(4, "big"),
+                db=self._db[b"tx"],
+            )
+        elif isinstance(record, fmt.TxCommit):
+            self._close_tx(record.txno, file_no, record.seqs)
+        elif isinstance(record, fmt.TxAbort):
+            self._close_tx(record.txno, file_no, None)
+        elif isinstance(record, fmt.SubPut):
+            self._sub_put(record, file_no)
+        elif isinstance(record, fmt.SubCursor):
+            self._sub_cursor(record, file_no)
+        elif isinstance(record, fmt.SubDelete):
+            self._sub_delete(record, file_no)
+        elif isinstance(record, fmt.DestDelete):
+            self._dest_delete(record.destination, file_no)
+        elif isinstance(record, fmt.DispatchMark):
+            info = self._dest(record.destination)
+            info.dispatch_mark = record.seq
+            info.mark_pin = self._move_pin(info.mark_pin, file_no)
+            info.files.add(file_no)
+        elif isinstance(record, fmt.DestState):
+            self._dest_state(record, file_no)
+        # FILE_HEADER and CHECKPOINT change nothing.
+
+    def _dest(self, name: str) -> DestInfo:
+        info = self.dests.get(name)
+        if info is None:
+            info = self.dests[name] = DestInfo(name)
+        self._dirty_dests.add(name)
+        return info
+
+    def _move_pin(self, old: int, new: int) -> int:
+        self._pin(new)
+        if old:
+            self._unpin(old)
+        return new
+
+    def _note_txno(self, txno: int) -> None:
+        self.open_txs.add(txno)
+        if txno >= self.next_txno:
+            self.next_txno = txno + 1
+
+    def _put_message(self, name: str, seq: int, loc: MsgLoc, dedup_id: str) -> None:
+        txn = self.index.txn
+        msgs, rev = self._db[b"msgs"], self._db[b"rev"]
+        info = self._dest(name)
+        mkey = msg_key(dkey(name), seq)
+        old = txn.get(mkey, db=msgs)
+        if old is not None:
+            # A compaction copy (or a replayed re-add) replaces the entry in place.
+            old_loc = MsgLoc.decode(old)
+            self._release(mkey, old_loc)
+            info.count -= 1
+            info.message_bytes -= old_loc.size
+        txn.put(mkey, loc.encode(), db=msgs)
+        files = loc.files()
+        for f in files:
+            txn.put(rev_key(f, mkey), b"", db=rev)
+            self._pin(f)
+            info.files.add(f)
+        fi = self.files[loc.file_no]
+        fi.live_msgs += 1
+        fi.live_bytes += loc.length
+        info.count += 1
+        info.message_bytes += loc.size
+        if seq >= info.last_seq:
+            info.last_seq = seq
+            info.seq_pin = self._move_pin(info.seq_pin, files[-1])
+        if dedup_id and self.dedup_window > 0:
+            self._dedup_push(info, dedup_id, files)
+
+    def _release(self, mkey: bytes, loc: MsgLoc) -> None:
+        rev = self._db[b"rev"]
+        for f in loc.files():
+            self.index.txn.delete(rev_key(f, mkey), db=rev)
+            self._unpin(f)
+        fi = self.files.get(loc.file_no)
+        if fi is not None:
+            fi.live_msgs -= 1
+            fi.live_bytes -= loc.length
+            self._dirty_files.add(loc.file_no)
+
+    def _remove_message(self, name: str, seq: int, record_files: tuple[int, ...]) -> None:
+        txn = self.index.txn
+        mkey = msg_key(dkey(name), seq)
+        raw = txn.pop(mkey, db=self._db[b"msgs"])
+        if raw is None:
+            return
+        loc = MsgLoc.decode(raw)
+        self._release(mkey, loc)
+        info = self._dest(name)
+        info.count -= 1
+        info.message_bytes -= loc.size
+        for f in record_files:
+            self._add_deps(f, loc.files())
+
+    def _remove_range(self, name: str, upto_seq: int, file_no: int) -> int:
+        info = self.dests.get(name)
+        if info is None:
+            return 0
+        dk = dkey(name)
+        cur = self.index.txn.cursor(db=self._db[b"msgs"])
+        removed = 0
+        if cur.set_range(msg_key(dk, 0)):
+            while True:
+                key = cur.key()
+                if not key or key[:16] != dk or int.from_bytes(key[16:], "big") > upto_seq:
+                    break
+                loc = MsgLoc.decode(cur.value())
+                self._release(key, loc)
+                info.count -= 1
+                info.message_bytes -= loc.size
+                self._add_deps(file_no, loc.files())
+                removed += 1
+                if not cur.delete():
+                    break
+        self._dirty_dests.add(name)
+        return removed
+
+    def _dedup_push(self, info: DestInfo, dedup_id: str, files: tuple[int, ...]) -> None:
+        window = self.dedup.setdefault(info.name, deque())
+        window.append((info.dedup_next, dedup_id, files))
+        info.dedup_next += 1
+        for f in files:
+            self._pin(f)
+        while len(window) > self.dedup_window:
+            for f in window.popleft()[2]:
+                self._unpin(f)
+        self._dirty_dedup.add(info.name)
+
+    def _dedup_clear(self, name: str) -> None:
+        for _, _, files in self.dedup.pop(name, ()):
+            for f in files:
+                self._unpin(f)
+        self._dirty_dedup.add(name)
+
+    # -- transactions ------------------------------------------------------------------------------
+
+    def _tx_add(self, record: fmt.AddMeta, loc: MsgLoc) -> None:
+        self._note_txno(record.txno)
+        key = record.txno.to_bytes(8, "big") + _TX_ADD + record.ordinal.to_bytes(4, "big")
+        value = encode_tx_add(loc, record.destination, record.dedup_id)
+        self.index.txn.put(key, value, db=self._db[b"tx"])
+        self._pin(loc.file_no)
+        self.files[loc.file_no].tx_pins += 1
+
+    def _tx_remove(self, record: fmt.Remove, file_no: int, offset: int) -> None:
+        self._note_txno(record.txno)
+        key = (
+            record.txno.to_bytes(8, "big")
+            + _TX_REMOVE
+            + file_no.to_bytes(4, "big")
+            + offset.to_bytes(8, "big")
+        )
+        value = encode_tx_remove(record.seq, file_no, record.destination)
+        self.index.txn.put(key, value, db=self._db[b"tx"])
+        self._pin(file_no)
+        self.files[file_no].tx_pins += 1
+
+    def _tx_unpin(self, file_no: int) -> None:
+        self._unpin(file_no)
+        fi = self.files.get(file_no)
+        if fi is not None and fi.tx_pins > 0:
+            fi.tx_pins -= 1
+
+    def _close_tx(self, txno: int, file_no: int, seqs: tuple[int, ...] | None) -> None:
+        """Commit (with `seqs`) or abort a transaction whose record is in `file_no`."""
+        if txno >= self.next_txno:
+            self.next_txno = txno + 1
+        self.open_txs.discard(txno)
+        cur = self.index.txn.cursor(db=self._db[b"tx"])
+        prefix = txno.to_bytes(8, "big")
+        tx_files: set[int] = set()
+        removes: list[tuple[str, int, int]] = []
+        missing = 0
+        if cur.set_range(prefix):
+            while True:
+                key = cur.key()
+                if not key or key[:8] != prefix:
+                    break
+                kind = key[8:9]
+                if kind == _TX_ADD:
+                    loc, name, dedup_id = decode_tx_add(cur.value())
+                    self._tx_unpin(loc.file_no)
+                    tx_files.add(loc.file_no)
+                    ordinal = int.from_bytes(key[9:13], "big")
+                    if seqs is not None:
+                        if ordinal < len(seqs):
+                            loc.commit_file = file_no
+                            self._put_message(name, seqs[ordinal], loc, dedup_id)
+                        else:
+                            missing += 1
+                elif kind == _TX_REMOVE:
+                    seq, rfile, name = decode_tx_remove(cur.value())
+                    self._tx_unpin(rfile)
+                    tx_files.add(rfile)
+                    removes.append((name, seq, rfile))
+                else:
+                    tx_files.add(int.from_bytes(cur.value(), "big"))
+                if not cur.delete():
+                    break
+        if seqs is not None:
+            for name, seq, rfile in removes:
+                self._remove_message(name, seq, (rfile, file_no))
+        if missing:
+            self.problems.append(
+                f"transaction {txno}: {missing} adds beyond the {len(seqs or ())} committed "
+                "sequences were dropped"
+            )
+        # The closing record must outlive the transaction's records, or a rebuild would see them
+        # without it.
+        self._add_deps(file_no, tx_files)
+
+    # -- subscriptions and destinations ------------------------------------------------------------
+
+    def _sub_put(self, record: fmt.SubPut, file_no: int) -> None:
+        key = (record.client_id, record.name)
+        sub = self.subs.get(key)
+        if sub is None:
+            sub = self.subs[key] = SubInfo(
+                record.client_id, record.name, record.destination, record.selector, record.cursor
+            )
+        else:
+            sub.destination = record.destination
+            sub.selector = record.selector
+            sub.cursor = record.cursor
+        sub.pin = self._move_pin(sub.pin, file_no)
+        sub.files.add(file_no)
+        self._dirty_subs.add(key)
+
+    def _sub_cursor(self, record: fmt.SubCursor, file_no: int) -> None:
+        key = (record.client_id, record.name)
+        sub = self.subs.get(key)
+        if sub is None:
+            return
+        sub.cursor = record.cursor
+        sub.pin = self._move_pin(sub.pin, file_no)
+        sub.files.add(file_no)
+        self._dirty_subs.add(key)
+
+    def _sub_delete(self, record: fmt.SubDelete, file_no: int) -> None:
+        key = (record.client_id, record.name)
+        sub = self.subs.pop(key, None)
+        if sub is None:
+            return
+        self._unpin(sub.pin)
+        self._add_deps(file_no, sub.files)
+        self._dirty_subs.add(key)
+
+    def _dest_delete(self, name: str, file_no: int) -> None:
+        info = self.dests.get(name)
+        if info is None:
+            return
+        self._remove_range(name, _MAX_SEQ, file_no)
+        for pin in (info.seq_pin, info.mark_pin):
+            if pin:
+                self._unpin(pin)
+        self._dedup_clear(name)
+        self._add_deps(file_no, info.files)
+        del self.dests[name]
+        self._dirty_dests.add(name)
+
+    def _dest_state(self, record: fmt.DestState, file_no: int) -> None:
+        info = self._dest(record.destination)
+        info.last_seq = record.last_seq
+        info.dispatch_mark = record.dispatch_mark
+        if record.last_seq:
+            info.seq_pin = self._move_pin(info.seq_pin, file_no)
+        if record.dispatch_mark:
+            info.mark_pin = self._move_pin(info.mark_pin, file_no)
+        self._dedup_clear(record.destination)
+        if self.dedup_window > 0:
+            for dedup_id in record.dedup_ids[-self.dedup_window :]:
+                self._dedup_push(info, dedup_id, (file_no,))
+        info.files.add(file_no)
+
+    def dest_state_record(self, name: str) -> fmt.DestState:
+        """The record that re-asserts a destination's state at the head (for compaction)."""
+        info = self.dests[name]
+        ids = tuple(i for _, i, _ in self.dedup.get(name, ()))
+        return fmt.DestState(name, info.last_seq, info.dispatch_mark, ids)

@@ -1,0 +1,473 @@
+"""`JournalStore`: the persistent `MessageStore` on a KahaDB-style journal and an LMDB index.
+
+Threads: the caller (the broker's event loop) runs every method; the writer thread
+(`writer.Writer`) writes, syncs, completes handles through the sink, maintains the index, runs GC;
+the preallocator thread zero-fills the next data file.
+
+Locks: `_lock` guards the pending queue, handle states, the overlay and the stats, and is held only
+for in-memory bookkeeping (never across I/O). `_read_lock` guards this store's read descriptors
+against the writer deleting files: a reader takes it first (then `_lock` for its snapshot), the
+writer takes it alone to delete. Nothing is held while the event loop would wait for the disk,
+except `load()`, which reads message records back with `pread` (usually from the page cache).
+
+Memory: a stored message costs nothing in memory once the index has committed it; until then the
+overlay holds its op (with the record bytes only until they are written). A transaction keeps one
+small op per add (its location), never the messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import shutil
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from sluice.config import StoreConfig, SyncPolicy
+from sluice.errors import StoreError
+from sluice.store.api import (
+    CompletionSink,
+    RecoveredSubscription,
+    Recovery,
+    StoredMessage,
+    StoreStats,
+    WriteHandle,
+    WriteState,
+)
+from sluice.store.journal import format as fmt
+from sluice.store.journal.files import FileReader, Preallocator, file_path, list_files
+from sluice.store.journal.gc import GcResult
+from sluice.store.journal.index import Index, MsgLoc, dkey, msg_key
+from sluice.store.journal.ops import Op
+from sluice.store.journal.overlay import MAX_SEQ, Overlay
+from sluice.store.journal.recovery import recover
+from sluice.store.journal.scan import parse_add
+from sluice.store.journal.writer import Writer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DEDUP_WINDOW = 10_000
+
+# What load() picked: committed location, or the record bytes of a not yet written add.
+_Source = tuple[int, int, int] | list[bytes]
+
+
+@dataclass
+class _Tx:
+    txno: int
+    begun: bool = False
+    adds: list[Op] = field(default_factory=list)
+    removes: list[tuple[str, int]] = field(default_factory=list)
+
+
+class JournalStore:
+    """The journal store. `temporary=True` makes a spool for non-persistent messages: the
+    directory is cleared at open, nothing is synced, nothing archived."""
+
+    pages_to_disk = True
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        dedup_window: int = DEFAULT_DEDUP_WINDOW,
+        temporary: bool = False,
+    ) -> None:
+        if temporary:
+            config = dataclasses.replace(config, sync=SyncPolicy.NEVER, archive=False)
+        self.config = config
+        self.temporary = temporary
+        self.dedup_window = dedup_window
+        self.journal_dir = config.data_dir / "journal"
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._read_lock = threading.Lock()
+        self._overlay = Overlay()
+        self._stats = StoreStats()
+        self._txs: dict[str, _Tx] = {}
+        self._next_txno = 1
+        self._writer: Writer | None = None
+        self._index: Index | None = None
+        self._prealloc: Preallocator | None = None
+        self._reader = FileReader(self.journal_dir)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def open(self, sink: CompletionSink) -> Recovery:
+        """Recover the journal and index, start the writer, return what is stored."""
+        if self._writer is not None:
+            raise StoreError("store already open", str(self.config.data_dir))
+        if self.temporary:
+            for sub in ("journal", "index", "archive"):
+                shutil.rmtree(self.config.data_dir / sub, ignore_errors=True)
+        recovered = recover(self.config, dedup_window=self.dedup_window, durable=not self.temporary)
+        state = recovered.state
+        head = recovered.head
+        assert head is not None
+        destinations, subscriptions = state.recovered()
+        self._index = state.index
+        self._next_txno = state.next_txno
+        self._prealloc = Preallocator(
+            self.journal_dir, recovered.store_id, self.config.journal_file_bytes
+        )
+        head.attach(self._prealloc, sync_on_rollover=not self.temporary)
+        files = list_files(self.journal_dir)
+        self._stats.files = len(files)
+        self._stats.disk_bytes = sum(file_path(self.journal_dir, n).stat().st_size for n in files)
+        self._writer = Writer(
+            config=self.config,
+            durable=not self.temporary,
+            state=state,
+            head=head,
+            lock=self._lock,
+            cond=self._cond,
+            overlay=self._overlay,
+            stats=self._stats,
+            sink=sink,
+            read_lock=self._read_lock,
+            store_reader=self._reader,
+            journal_dir=self.journal_dir,
+            archive_dir=self.config.data_dir / "archive",
+        )
+        self._writer.start()
+        return Recovery(destinations, subscriptions, list(recovered.report))
+
+    def close(self) -> None:
+        """Write what is pending, persist cursors, checkpoint the index, release everything."""
+        writer = self._writer
+        if writer is None:
+            return
+        writer.stop()
+        if self._prealloc is not None:
+            self._prealloc.stop()
+        writer.head.close()
+        with self._read_lock:
+            self._reader.close()
+        assert self._index is not None
+        self._index.close(clean=writer.failed is None)
+        self._writer = None
+
+    @property
+    def _w(self) -> Writer:
+        writer = self._writer
+        if writer is None:
+            raise StoreError("store is not open", str(self.config.data_dir))
+        return writer
+
+    # -- messages --------------------------------------------------------------------------------
+
+    def add(
+        self,
+        message: StoredMessage,
+        on_complete: Callable[[WriteHandle], None] | None,
+        txid: str | None = None,
+    ) -> WriteHandle:
+        """Queue the message's ADD record; visible to `load` at once (at commit if transacted)."""
+        writer = self._w
+        handle = WriteHandle(on_complete, message.size, self._lock)
+        if txid is None:
+            prefix, body, meta = fmt.encode_add(message)
+            op = Op(fmt.RecordType.ADD, meta, [prefix, body], handle)
+            op.cleanup = [(message.destination, message.seq, op)]
+            with self._lock:
+                self._overlay.put(message.destination, message.seq, op)
+                writer.submit(op)
+            return handle
+        tx = self._tx(txid)
+        prefix, body, meta = fmt.encode_add(message, tx.txno, len(tx.adds))
+        op = Op(fmt.RecordType.ADD, meta, [prefix, body], handle)
+        with self._lock:
+            self._begin_locked(writer, tx, txid)
+            writer.submit(op)
+        tx.adds.append(op)
+        return handle
+
+    def remove(
+        self,
+        destination: str,
+        seq: int,
+        on_complete: Callable[[WriteHandle], None] | None = None,
+        txid: str | None = None,
+    ) -> WriteHandle:
+        """Queue a REMOVE, or cancel a still pending add together with this remove."""
+        writer = self._w
+        handle = WriteHandle(on_complete, 0, self._lock)
+        if txid is not None:
+            tx = self._tx(txid)
+            op = Op.of(fmt.Remove(tx.txno, destination, seq), handle)
+            with self._lock:
+                self._begin_locked(writer, tx, txid)
+                writer.submit(op)
+            tx.removes.append((destination, seq))
+            return handle
+        op = Op.of(fmt.Remove(0, destination, seq), handle)
+        op.cleanup = [(destination, seq, None)]
+        with self._lock:
+            entries = self._overlay.entries.get(destination)
+            entry = entries.get(seq) if entries is not None else None
+            if isinstance(entry, Op) and self._cancellable(entry):
+                assert entry.handle is not None
+                entry.handle.state = WriteState.CANCELLED
+                handle.state = WriteState.CANCELLED
+                self._overlay.discard(destination, seq)
+                self._stats.cancelled_writes += 1
+                writer.submit(Op(0, None, None, handle))
+                return handle
+            self._overlay.put(destination, seq, None)
+            writer.submit(op)
+        return handle
+
+    @staticmethod
+    def _cancellable(op: Op) -> bool:
+        record = op.record
+        return (
+            op.handle is not None
+            and op.handle.state is WriteState.PENDING
+            and isinstance(record, fmt.AddMeta)
+            and not record.txno
+            # An add with a dedup id is written anyway: its id must survive a restart.
+            and not record.dedup_id
+        )
+
+    def remove_range(self, destination: str, upto_seq: int) -> WriteHandle:
+        """Queue a REMOVE_RANGE; hidden from `load` at once."""
+        writer = self._w
+        handle = WriteHandle(None, 0, self._lock)
+        op = Op.of(fmt.RemoveRange(destination, upto_seq), handle)
+        op.cleanup = [(destination, -1, op)]
+        with self._lock:
+            self._overlay.set_floor(destination, upto_seq, op)
+            writer.submit(op)
+        return handle
+
+    def load(
+        self, destination: str, after_seq: int, max_count: int, max_bytes: int
+    ) -> list[StoredMessage]:
+        """Messages after `after_seq`, ascending, within the budgets (at least one)."""
+        index = self._index
+        if index is None:
+            raise StoreError("store is not open", str(self.config.data_dir))
+        picks: list[tuple[int, _Source]] = []
+        total = 0
+        with self._read_lock:
+            with self._lock:
+                for seq, size, _ts, source in self._merged(index, destination, after_seq):
+                    if picks and (len(picks) >= max_count or total + size > max_bytes):
+                        break
+                    picks.append((seq, source))
+                    total += size
+            out = []
+            for seq, source in picks:
+                if isinstance(source, list):
+                    message, _ = fmt.decode_add(b"".join(source))
+                else:
+                    file_no, offset, length = source
+                    data = self._reader.read(file_no, offset, length)
+                    path = str(file_path(self.journal_dir, file_no))
+                    message = parse_add(data, path, offset, length)
+                message.seq = seq
+                out.append(message)
+        return out
+
+    def first_seq(self, destination: str, at_or_after_ms: int = 0) -> int:
+        """Lowest stored sequence, or the first stamped at or after `at_or_after_ms` (0 if none).
+
+        With a time this walks the destination's index entries in order (no time index)."""
+        index = self._index
+        if index is None:
+            raise StoreError("store is not open", str(self.config.data_dir))
+        with self._lock:
+            for seq, _size, ts, _source in self._merged(index, destination, 0):
+                if ts >= at_or_after_ms:
+                    return seq
+        return 0
+
+    def _merged(
+        self, index: Index, destination: str, after_seq: int
+    ) -> Iterator[tuple[int, int, int, _Source]]:
+        """(seq, size, timestamp, source) of live messages after `after_seq`, merging the overlay
+        over an index snapshot. The caller holds `_lock` while iterating."""
+        entries = self._overlay.entries.get(destination)
+        floor = self._overlay.floor(destination)
+        ov = iter(entries.irange(minimum=after_seq + 1)) if entries else iter(())
+        next_ov: int | None = next(ov, None)
+        dk = dkey(destination)
+        with index.begin_read() as txn:
+            cur = txn.cursor(db=index.dbs[b"msgs"])
+            start = max(after_seq, floor) + 1
+            positioned = start <= MAX_SEQ and cur.set_range(msg_key(dk, start))
+            while True:
+                next_ix: int | None = None
+                if positioned:
+                    key = cur.key()
+                    if key[:16] == dk:
+                        next_ix = int.from_bytes(key[16:], "big")
+                if next_ov is None and next_ix is None:
+                    return
+                if next_ix is None or (next_ov is not None and next_ov <= next_ix):
+                    seq = next_ov
+                    assert seq is not None
+                    assert entries is not None
+                    if next_ix == seq:
+                        positioned = cur.next()
+                    next_ov = next(ov, None)
+                    entry = entries[seq]
+                    if entry is None:
+                        continue
+                    assert isinstance(entry, Op)
+                    assert isinstance(entry.record, fmt.AddMeta)
+                    meta = entry.record
+                    source: _Source = entry.location or entry.parts or []
+                    if entry.location is None and entry.parts is None:
+                        continue
+                    yield seq, meta.size, meta.timestamp_ms, source
+                else:
+                    loc = MsgLoc.decode(cur.value())
+                    positioned = cur.next()
+                    yield next_ix, loc.size, loc.timestamp_ms, (loc.file_no, loc.offset, loc.length)
+
+    # -- transactions ----------------------------------------------------------------------------
+
+    def _tx(self, txid: str) -> _Tx:
+        tx = self._txs.get(txid)
+        if tx is None:
+            tx = self._txs[txid] = _Tx(self._next_txno)
+            self._next_txno += 1
+        return tx
+
+    @staticmethod
+    def _begin_locked(writer: Writer, tx: _Tx, txid: str) -> None:
+        if not tx.begun:
+            tx.begun = True
+            writer.submit(Op.of(fmt.TxBegin(tx.txno, txid)))
+
+    def begin(self, txid: str) -> None:
+        """Start a transaction; nothing is written before its first operation."""
+        self._tx(txid)
+
+    def commit(
+        self, txid: str, seqs: Sequence[int], on_complete: Callable[[WriteHandle], None] | None
+    ) -> WriteHandle:
+        """Queue the TX_COMMIT with the sequences; its adds and removes show at once."""
+        writer = self._w
+        tx = self._txs.get(txid)
+        adds = len(tx.adds) if tx is not None else 0
+        if len(seqs) != adds:
+            raise ValueError(f"commit of {txid}: {len(seqs)} sequences for {adds} adds")
+        self._txs.pop(txid, None)
+        handle = WriteHandle(on_complete, 0, self._lock)
+        if tx is None or not tx.begun:
+            handle.state = WriteState.WRITTEN
+            with self._lock:
+                writer.submit(Op(0, None, None, handle))
+            return handle
+        op = Op.of(fmt.TxCommit(tx.txno, tuple(seqs)), handle)
+        cleanup: list[tuple[str, int, object]] = []
+        with self._lock:
+            for add_op, seq in zip(tx.adds, seqs, strict=True):
+                assert add_op.handle is not None
+                assert isinstance(add_op.record, fmt.AddMeta)
+                if add_op.handle.state in (WriteState.CANCELLED, WriteState.FAILED):
+                    continue
+                destination = add_op.record.destination
+                self._overlay.put(destination, seq, add_op)
+                cleanup.append((destination, seq, add_op))
+            for destination, seq in tx.removes:
+                self._overlay.put(destination, seq, None)
+                cleanup.append((destination, seq, None))
+            op.cleanup = cleanup
+            writer.submit(op)
+        return handle
+
+    def abort(self, txid: str) -> None:
+        """Drop the transaction; its adds not yet taken by the writer are never written."""
+        writer = self._w
+        tx = self._txs.pop(txid, None)
+        if tx is None or not tx.begun:
+            return
+        with self._lock:
+            for op in tx.adds:
+                if op.handle is not None and op.handle.state is WriteState.PENDING:
+                    op.handle.state = WriteState.CANCELLED
+            writer.submit(Op.of(fmt.TxAbort(tx.txno)))
+
+    # -- destinations and subscriptions ----------------------------------------------------------
+
+    def _submit(self, record: fmt.Record) -> WriteHandle:
+        writer = self._w
+        handle = WriteHandle(None, 0, self._lock)
+        op = Op.of(record, handle)
+        with self._lock:
+            writer.submit(op)
+        return handle
+
+    def mark_dispatched(self, destination: str, seq: int) -> WriteHandle:
+        """Queue a DISPATCH_MARK."""
+        return self._submit(fmt.DispatchMark(destination, seq))
+
+    def delete_destination(self, destination: str) -> WriteHandle:
+        """Queue a DEST_DELETE; the destination's messages are hidden at once."""
+        writer = self._w
+        handle = WriteHandle(None, 0, self._lock)
+        op = Op.of(fmt.DestDelete(destination), handle)
+        op.cleanup = [(destination, -1, op)]
+        with self._lock:
+            self._overlay.set_floor(destination, MAX_SEQ, op)
+            writer.submit(op)
+        return handle
+
+    def put_subscription(self, sub: RecoveredSubscription) -> WriteHandle:
+        """Queue a SUB_PUT (its cursor replaces any coalesced one)."""
+        record = fmt.SubPut(sub.client_id, sub.name, sub.destination, sub.selector, sub.cursor)
+        with self._lock:
+            self._w.cursors.pop((sub.client_id, sub.name), None)
+        return self._submit(record)
+
+    def delete_subscription(self, client_id: str, name: str) -> WriteHandle:
+        """Queue a SUB_DELETE."""
+        with self._lock:
+            self._w.cursors.pop((client_id, name), None)
+        return self._submit(fmt.SubDelete(client_id, name))
+
+    def set_cursor(self, client_id: str, name: str, seq: int) -> None:
+        """Coalesced: one SUB_CURSOR per subscription goes with the next batch or checkpoint."""
+        with self._lock:
+            self._w.cursors[(client_id, name)] = seq
+
+    # -- numbers and maintenance -----------------------------------------------------------------
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the store's numbers (disk bytes include the index)."""
+        with self._lock:
+            snapshot = dataclasses.replace(self._stats)
+        if self._index is not None:
+            snapshot.disk_bytes += self._index.size_bytes()
+        return snapshot
+
+    def gc(self) -> GcResult:
+        """Collect and compact now, on the writer thread; blocks (tools and tests, not the loop)."""
+        result = self._w.request("gc")
+        assert result is not None
+        return result
+
+    def checkpoint(self) -> None:
+        """Commit the index now, on the writer thread; blocks (tools and tests, not the loop)."""
+        self._w.request("checkpoint")
+
+    @contextlib.contextmanager
+    def writes_paused(self) -> Iterator[None]:
+        """Hold the writer before its next batch while the block runs (tests and tools)."""
+        writer = self._w
+        writer.pause()
+        try:
+            yield
+        finally:
+            writer.resume()
+
+    @property
+    def head_position(self) -> tuple[int, int]:
+        """(file, offset) where the next record goes."""
+        head = self._w.head
+        return head.file_no, head.offset
