@@ -15,17 +15,43 @@ from sluice.store.api import WriteHandle
 from sluice.store.memory import MemoryStore
 
 
+class FakeTimer:
+    """A timer the test fires by hand."""
+
+    def __init__(self, delay: float, callback: Callable[[], object]) -> None:
+        self.delay = delay
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
 class FakeLoop:
     """call_soon into a queue that the test runs explicitly."""
 
     def __init__(self) -> None:
         self.ready: deque[Callable[[], object]] = deque()
+        self.timers: list[FakeTimer] = []
 
     def call_soon(self, callback: Callable[[], object], /) -> None:
         self.ready.append(callback)
 
     def call_soon_threadsafe(self, callback: Callable[[], object], /) -> None:
         self.ready.append(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], object], /) -> FakeTimer:
+        timer = FakeTimer(delay, callback)
+        self.timers.append(timer)
+        return timer
+
+    def fire_timers(self) -> None:
+        """Run every timer that is due now (the test moves time by firing them)."""
+        timers, self.timers = self.timers, []
+        for timer in timers:
+            if not timer.cancelled:
+                timer.callback()
+        self.run()
 
     def run(self, limit: int = 100_000) -> None:
         """Run callbacks until none is left."""

@@ -288,3 +288,28 @@ def test_group_map_is_bounded_and_evictions_counted() -> None:
     queue = h.broker.destinations["/queue/g"]
     assert len(queue.groups) == 2  # type: ignore[attr-defined]
     assert h.broker.counters["message_group_evictions"] == 1
+
+
+def test_expired_messages_go_to_the_dlq_without_a_consumer() -> None:
+    h = Harness()
+    producer, _ = h.connect()
+    h.send(producer, "/queue/idle", b"short-lived", expires_ms=h.now + 10)
+    h.now += 100
+    h.loop.fire_timers()
+    assert h.broker.destinations["/queue/idle"].depth == 0
+    assert h.broker.destinations["/queue/DLQ.idle"].depth == 1
+
+
+def test_idle_group_is_released_to_make_room() -> None:
+    h = Harness(policy={"group_idle_timeout_s": 1.0})
+    producer, _ = h.connect()
+    consumer, link = h.connect()
+    consumer.subscribe("s", "/queue/g", AckMode.CLIENT_INDIVIDUAL, max_open_groups=1)
+    h.send(producer, "/queue/g", b"a1", headers={"JMSXGroupID": "A"})
+    consumer.ack(link.take()[0][2])
+    h.send(producer, "/queue/g", b"b1", headers={"JMSXGroupID": "B"})
+    assert link.bodies() == []  # A is still open and not yet idle
+    h.now += 2000
+    h.send(producer, "/queue/g", b"b2", headers={"JMSXGroupID": "B"})
+    assert link.bodies() == [b"b1", b"b2"]
+    assert h.broker.counters["message_groups_idle_released"] == 1

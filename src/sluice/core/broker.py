@@ -29,6 +29,7 @@ from sluice.store.api import MessageStore, Recovery, WriteHandle
 log = logging.getLogger(__name__)
 
 ORIGINAL_DESTINATION = "x-original-destination"
+EXPIRY_SWEEP_INTERVAL_S = 5.0
 DLQ_REASON = "x-dlq-reason"
 
 
@@ -41,6 +42,18 @@ class Loop(Protocol):
 
     def call_soon_threadsafe(self, callback: Callable[[], object], /) -> object:
         """Run on the loop, from any thread."""
+        ...
+
+    def call_later(self, delay: float, callback: Callable[[], object], /) -> Cancellable:
+        """Run after `delay` seconds."""
+        ...
+
+
+class Cancellable(Protocol):
+    """A timer that can be cancelled."""
+
+    def cancel(self) -> None:
+        """Do not run it."""
         ...
 
 
@@ -104,6 +117,7 @@ class Broker:
         self.pending_write_bytes = 0
         self._write_waiters: dict[Hashable, Producer] = {}
         self.recovery: Recovery | None = None
+        self._sweep_timer: Cancellable | None = None
         self.store_pages = bool(getattr(store, "pages_to_disk", True))
         self._overrides = [
             (kind, compile_pattern(short), override.policy)
@@ -151,11 +165,23 @@ class Broker:
             if isinstance(topic, Topic):
                 topic.restore_durable(sub)
         self.recovery = recovery
+        self._sweep_timer = self._loop.call_later(EXPIRY_SWEEP_INTERVAL_S, self._sweep)
         return recovery
 
     def close(self) -> None:
-        """Close the store (flushing what it has)."""
+        """Stop the timers and close the store (flushing what it has)."""
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
         self.store.close()
+
+    def _sweep(self) -> None:
+        """Expired messages go to their DLQ even when nobody consumes the queue."""
+        now_ms = self.now_ms()
+        for destination in list(self.destinations.values()):
+            if isinstance(destination, Queue) and destination.pending:
+                destination.expire(now_ms)
+        self._sweep_timer = self._loop.call_later(EXPIRY_SWEEP_INTERVAL_S, self._sweep)
 
     # -- destinations ---------------------------------------------------------------------------
 

@@ -243,6 +243,19 @@ class Queue(Destination):
             self.store.remove(self.name, message.seq)
         self.usage.release(message.nbytes)
 
+    def expire(self, now_ms: int, limit: int = SCAN_LIMIT) -> int:
+        """Move expired messages waiting in memory to the DLQ (at most `limit` looked at)."""
+        expired = [
+            (key, message)
+            for key, message in itertools.islice(self.pending.items(), limit)
+            if message.expires_ms and message.expired(now_ms)
+        ]
+        for key, message in expired:
+            del self.pending[key]
+            self._drop(message)
+            self.services.dead_letter(message, "expired")
+        return len(expired)
+
     # -- groups ---------------------------------------------------------------------------------
 
     def _close_group(self, group_id: str) -> None:
@@ -254,10 +267,13 @@ class Queue(Destination):
         self, group_id: str, ready: list[Subscription], message: Message
     ) -> Subscription | None:
         best: Subscription | None = None
+        now_ms = self.services.now_ms()
         for sub in ready:
             limit = sub.max_open_groups
             if limit and len(sub.groups) >= limit:
-                continue
+                self._release_idle_groups(sub, now_ms)
+                if len(sub.groups) >= limit:
+                    continue
             if not sub.matches(message):
                 continue
             if best is None or len(sub.groups) < len(best.groups):
@@ -271,8 +287,19 @@ class Queue(Destination):
             self.group_evictions += 1
             self.services.count("message_group_evictions")
         self.groups[group_id] = best
-        best.groups[group_id] = 1
+        best.groups[group_id] = self.services.now_ms()
         return best
+
+    def _release_idle_groups(self, sub: Subscription, now_ms: int) -> None:
+        """Forget groups of `sub` idle past the policy's timeout with nothing in flight."""
+        timeout_ms = int(self.policy.group_idle_timeout_s * 1000)
+        busy = {m.group_id for m in sub.inflight.values()}
+        for group_id, last_ms in list(sub.groups.items()):
+            if now_ms - last_ms >= timeout_ms and group_id not in busy:
+                del sub.groups[group_id]
+                if self.groups.get(group_id) is sub:
+                    del self.groups[group_id]
+                self.services.count("message_groups_idle_released")
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -285,7 +312,10 @@ class Queue(Destination):
             sub = self.groups.get(group_id)
             if sub is not None:
                 self.groups.move_to_end(group_id)
-                return sub if sub in ready else None
+                if sub not in ready:
+                    return None
+                sub.groups[group_id] = self.services.now_ms()
+                return sub
             return self._assign_group(group_id, ready, message)
         n = len(ready)
         start = self._rr
