@@ -23,9 +23,9 @@ def open_store(config: Config) -> MessageStore:
     """The store the configuration asks for."""
     if config.store.kind is StoreKind.MEMORY:
         return MemoryStore()
-    from sluice.store.journal.store import JournalStore  # noqa: PLC0415 - optional heavy import
+    from sluice.store.journal.store import JournalStore  # noqa: PLC0415 - only when asked for
 
-    return JournalStore.from_config(config.store, config.limits)
+    return JournalStore(config.store, dedup_window=config.limits.dedup_window)
 
 
 class BrokerServer:
