@@ -1,0 +1,296 @@
+"""Journal store behaviour beyond the contract: group commit, cancellation, rollover, sync
+policies, failures, temporary mode, crashes."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sluice.config import MiB, SyncPolicy
+from sluice.errors import StoreError
+from sluice.store.api import RecoveredSubscription, WriteState
+from sluice.store.journal.files import list_files
+from sluice.store.journal.store import JournalStore
+
+from .helpers import Harness, Sink, copy_running, journal_config, msg
+
+Q = "/queue/j"
+
+
+def journal(h: Harness) -> JournalStore:
+    assert isinstance(h.store, JournalStore)
+    return h.store
+
+
+def seqs(store: JournalStore, destination: str = Q) -> list[int]:
+    return [m.seq for m in store.load(destination, 0, 10**9, 1 << 62)]
+
+
+def test_group_commit_batches_many_adds(make_journal: Callable[..., Harness]) -> None:
+    h = make_journal(journal_file_bytes=32 * MiB)
+    h.open()
+    s = journal(h)
+    before = s.stats().syncs
+    for seq in range(1, 3001):
+        h.track(s.add(msg(Q, seq, b"x" * 1024), None))
+    h.settle()
+    stats = s.stats()
+    syncs = stats.syncs - before
+    assert all(x.state is WriteState.WRITTEN for x in h.handles)
+    assert 1 <= syncs < 3000 // 10, syncs
+    assert stats.batches < 3000 // 10
+    assert h.sink.calls == stats.batches
+
+
+def test_group_commit_from_several_threads(make_journal: Callable[..., Harness]) -> None:
+    h = make_journal(journal_file_bytes=32 * MiB)
+    h.open()
+    s = journal(h)
+    lock = threading.Lock()  # the store's methods are called from one thread at a time
+
+    def produce(dest: str) -> None:
+        for seq in range(1, 301):
+            with lock:
+                h.track(s.add(msg(dest, seq, b"y" * 1024), None))
+
+    threads = [threading.Thread(target=produce, args=(f"/queue/t{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    h.settle()
+    assert s.stats().syncs < 2400 // 2
+    for i in range(8):
+        assert seqs(s, f"/queue/t{i}") == list(range(1, 301))
+
+
+def test_cancelled_add_and_remove_write_nothing(make_journal: Callable[..., Harness]) -> None:
+    h = make_journal(checkpoint_interval_s=3600, gc_interval_s=3600)
+    h.open()
+    s = journal(h)
+    h.track(s.add(msg(Q, 1), None))
+    h.settle()
+    position = s.head_position
+    written = s.stats().written_records
+    with s.writes_paused():
+        add = h.track(s.add(msg(Q, 2, b"z" * 5000), None))
+        rem = h.track(s.remove(Q, 2))
+        assert add.state is WriteState.CANCELLED
+        assert rem.state is WriteState.CANCELLED
+        assert s.stats().pending_writes == 2
+    h.settle()
+    assert s.head_position == position
+    assert s.stats().written_records == written
+    assert s.stats().cancelled_writes == 1
+    assert h.sink.count(add) == 1
+    assert h.sink.count(rem) == 1
+    assert seqs(s) == [1]
+    h.reopen()
+    assert seqs(journal(h)) == [1]
+
+
+def test_taken_add_is_not_cancelled_and_dedup_adds_are_kept(
+    make_journal: Callable[..., Harness],
+) -> None:
+    h = make_journal()
+    h.open()
+    s = journal(h)
+    add = h.track(s.add(msg(Q, 1), None))
+    h.settle()
+    rem = h.track(s.remove(Q, 1))
+    with s.writes_paused():
+        dedup_add = h.track(s.add(msg(Q, 2, headers={"x-dedup-id": "keep"}), None))
+        h.track(s.remove(Q, 2))
+        assert dedup_add.state is WriteState.PENDING
+    h.settle()
+    assert add.state is WriteState.WRITTEN
+    assert rem.state is WriteState.WRITTEN
+    assert dedup_add.state is WriteState.WRITTEN
+    recovery = h.reopen()
+    assert recovery.destinations[0].dedup_ids == ["keep"]
+    assert seqs(journal(h)) == []
+
+
+def test_direct_try_cancel_is_delivered(make_journal: Callable[..., Harness]) -> None:
+    h = make_journal()
+    h.open()
+    s = journal(h)
+    with s.writes_paused():
+        add = h.track(s.add(msg(Q, 1), None))
+        assert add.try_cancel()
+    h.settle()
+    assert add.state is WriteState.CANCELLED
+    h.reopen()
+    assert seqs(journal(h)) == []
+
+
+def test_load_sees_pending_and_written_messages(make_journal: Callable[..., Harness]) -> None:
+    h = make_journal()
+    h.open()
+    s = journal(h)
+    h.track(s.add(msg(Q, 1, b"written"), None))
+    h.settle()
+    with s.writes_paused():
+        h.track(s.add(msg(Q, 2, b"pending"), None))
+        assert [m.body for m in s.load(Q, 0, 10, 1 << 20)] == [b"written", b"pending"]
+    h.settle()
+    s.checkpoint()
+    assert [m.body for m in s.load(Q, 0, 10, 1 << 20)] == [b"written", b"pending"]
+
+
+def test_rollover_and_record_larger_than_a_file(make_journal: Callable[..., Harness]) -> None:
+    h = make_journal()
+    h.open()
+    s = journal(h)
+    big = os.urandom(3 * MiB)
+    for seq in range(1, 401):
+        h.track(s.add(msg(Q, seq, os.urandom(8 * 1024)), None))
+    h.track(s.add(msg(Q, 401, big), None))
+    h.track(s.add(msg(Q, 402, b"after"), None))
+    h.settle()
+    files = list_files(s.journal_dir)
+    assert len(files) >= 5
+    assert s.stats().files == len(files)
+    h.reopen()
+    s = journal(h)
+    assert seqs(s) == list(range(1, 403))
+    assert s.load(Q, 400, 1, 1)[0].body == big
+    assert s.load(Q, 401, 1, 1)[0].body == b"after"
+
+
+@pytest.mark.parametrize("policy", [SyncPolicy.PERIODIC, SyncPolicy.NEVER])
+def test_relaxed_sync_policies(make_journal: Callable[..., Harness], policy: SyncPolicy) -> None:
+    h = make_journal(sync=policy, sync_interval_ms=50)
+    h.open()
+    s = journal(h)
+    for seq in range(1, 501):
+        h.track(s.add(msg(Q, seq), None))
+    h.settle()
+    assert s.stats().syncs <= 5
+    h.reopen()
+    assert seqs(journal(h)) == list(range(1, 501))
+
+
+def test_write_error_fails_handles_and_stops_writes(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = make_journal()
+    h.open()
+    s = journal(h)
+    h.track(s.add(msg(Q, 1), None))
+    h.settle()
+
+    def no_space(*_args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwritev", no_space)
+    failed = h.track(s.add(msg(Q, 2), None))
+    h.settle()
+    monkeypatch.undo()
+    assert failed.state is WriteState.FAILED
+    assert isinstance(failed.error, StoreError)
+    assert "No space" in str(failed.error)
+    assert s.stats().write_errors == 1
+    assert seqs(s) == [1]
+    later = h.track(s.add(msg(Q, 3), None))
+    h.settle()
+    assert later.state is WriteState.FAILED
+    s.close()
+    h.open()
+    assert seqs(journal(h)) == [1]
+
+
+def test_temporary_store_is_cleared_and_never_synced(tmp_path: Path) -> None:
+    config = journal_config(tmp_path / "tmp", sync=SyncPolicy.ALWAYS)
+    sink = Sink()
+    store = JournalStore(config, temporary=True)
+    store.open(sink)
+    handles = [store.add(msg(Q, seq), None) for seq in range(1, 101)]
+    sink.wait(handles)
+    assert store.stats().syncs == 0
+    store.close()
+    again = JournalStore(config, temporary=True)
+    recovery = again.open(sink)
+    assert recovery.destinations == []
+    assert again.load(Q, 0, 10, 1 << 20) == []
+    again.close()
+
+
+def test_cursor_is_coalesced_and_persisted_at_close(make_journal: Callable[..., Harness]) -> None:
+    h = make_journal(checkpoint_interval_s=3600, gc_interval_s=3600)
+    h.open()
+    s = journal(h)
+    h.track(s.put_subscription(RecoveredSubscription("c", "n", "/topic/t", None, 0)))
+    h.settle()
+    written = s.stats().written_records
+    for seq in range(1, 1001):
+        s.set_cursor("c", "n", seq)
+    recovery = h.reopen()
+    assert recovery.subscriptions[0].cursor == 1000
+    assert written <= 3  # nothing was written per set_cursor call before close
+
+
+def test_crash_without_close_keeps_acknowledged_messages(tmp_path: Path) -> None:
+    data = tmp_path / "crash"
+    script = textwrap.dedent(
+        f"""
+        import os, threading
+        from pathlib import Path
+        from sluice.config import StoreConfig
+        from sluice.store.api import StoredMessage, RecoveredSubscription
+        from sluice.store.journal.store import JournalStore
+        done = threading.Event()
+        count = [0]
+        def sink(handles):
+            count[0] += len(handles)
+            if count[0] >= 2002:
+                done.set()
+        store = JournalStore(StoreConfig(data_dir=Path({str(data)!r}), journal_file_bytes=1 << 20))
+        store.open(sink)
+        for i in range(1, 2001):
+            store.add(StoredMessage("/queue/c", i, f"m{{i}}", i, {{}}, b"p" * 700), None)
+        store.begin("open-tx")
+        store.add(StoredMessage("/queue/c", 0, "tx", 1, {{}}, b"t"), None, "open-tx")
+        store.put_subscription(RecoveredSubscription("c", "s", "/topic/x", None, 4))
+        assert done.wait(30)
+        os._exit(0)
+        """
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=60)
+    sink = Sink()
+    store = JournalStore(journal_config(data))
+    recovery = store.open(sink)
+    try:
+        assert [m.seq for m in store.load("/queue/c", 0, 10**6, 1 << 62)] == list(range(1, 2001))
+        assert recovery.subscriptions[0].cursor == 4
+        assert any("1 uncommitted transactions dropped" in line for line in recovery.report)
+    finally:
+        store.close()
+
+
+def test_open_transaction_at_crash_is_dropped(
+    make_journal: Callable[..., Harness], tmp_path: Path
+) -> None:
+    h = make_journal(checkpoint_interval_s=3600, gc_interval_s=3600)
+    h.open()
+    s = journal(h)
+    s.begin("t")
+    for _ in range(3):
+        h.track(s.add(msg(Q, 0), None, "t"))
+    h.track(s.add(msg(Q, 1), None))
+    h.settle()
+    copy_running(s, tmp_path / "copy")
+    again = make_journal(tmp_path / "copy")
+    recovery = again.open()
+    assert seqs(journal(again)) == [1]
+    assert any("1 uncommitted" in line for line in recovery.report)
