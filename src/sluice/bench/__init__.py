@@ -1,0 +1,13 @@
+"""The load generator behind `sluice bench`: throughput, sync, latency and connection scenarios.
+
+It speaks raw STOMP 1.2 over the sans-IO codec in `sluice.stomp`, so it can load any STOMP broker
+(Sluice, ActiveMQ, RabbitMQ). Producers and consumers run in separate worker processes, each with
+its own asyncio loop; results come back to the coordinating process as JSON over pipes.
+
+Layout: `payload` (message bodies), `stats` (latency histogram, exactly-once verifier), `wire`
+(one raw STOMP connection), `roles` (producer and consumer), `worker` (the worker process),
+`connections` (the many-connections scenario), `runner` (the coordinating process), `report`
+(text and JSON output), `cli` (the `sluice bench` subcommand).
+"""
+
+from __future__ import annotations

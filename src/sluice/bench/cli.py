@@ -1,0 +1,357 @@
+"""The `sluice bench` subcommand: argument parsing, running a scenario, printing its report.
+
+    sluice bench throughput --producers P --consumers C --size BYTES --count N [--persistent]
+    sluice bench sync --producers P --size BYTES --count N [--persistent]
+    sluice bench latency --rate R --duration S --size BYTES
+    sluice bench connections --connections N --duration S --rate-per-connection R [--broker-pid PID]
+
+Every scenario takes `--broker HOST:PORT --login --passcode --host-header` (the CONNECT `host`
+header, RabbitMQ's virtual host), `--json FILE`, `--warmup N`, `--timeout S` and `--processes`.
+Exit codes: 0 when the run completed and every message arrived exactly once, 1 otherwise (with a
+one-line reason on stderr), 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sluice.bench.payload import HEAD_BYTES
+from sluice.bench.report import format_clients, summarize_clients, write_json
+from sluice.bench.roles import ACK_MODES, ConsumerSpec, ProducerSpec
+from sluice.bench.runner import ClientsPlan, run_clients
+
+__all__ = ["add_bench_parser", "parse_broker", "run_bench", "split_count"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+DEFAULT_BROKER = "127.0.0.1:61613"
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_SIZE_BYTES = 1024
+_MAX_PORT = 65535
+
+
+def parse_broker(value: str) -> tuple[str, int]:
+    """HOST:PORT (of a comma-separated list, the first: a benchmark does not fail over)."""
+    first = value.split(",", maxsplit=1)[0].strip()
+    host, sep, port = first.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) <= _MAX_PORT:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {number}")
+    return number
+
+
+def _count(value: str) -> int:
+    return _positive_int(value) if value != "0" else 0
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return number
+
+
+def _size(value: str) -> int:
+    number = _positive_int(value)
+    if number < HEAD_BYTES:
+        raise argparse.ArgumentTypeError(f"messages need at least {HEAD_BYTES} bytes")
+    return number
+
+
+def _processes(value: str) -> int | None:
+    if value == "auto":
+        return None
+    return _positive_int(value)
+
+
+def _header(value: str) -> tuple[str, str]:
+    name, sep, text = value.partition(":")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME:VALUE, got {value!r}")
+    return name, text
+
+
+def _destination(value: str) -> str:
+    if not value.startswith(("/queue/", "/topic/")):
+        raise argparse.ArgumentTypeError("the destination must start with /queue/ or /topic/")
+    return value
+
+
+def split_count(total: int, parts: int) -> list[int]:
+    """Split `total` into `parts` shares that differ by at most one, larger ones first."""
+    share, extra = divmod(total, parts)
+    return [share + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("broker and run")
+    g.add_argument(
+        "--broker",
+        type=parse_broker,
+        default=DEFAULT_BROKER,
+        help="HOST:PORT of the broker (default %(default)s)",
+    )
+    g.add_argument("--login", default=None)
+    g.add_argument("--passcode", default=None)
+    g.add_argument(
+        "--host-header",
+        default="/",
+        metavar="HOST",
+        help="CONNECT host header; RabbitMQ reads it as the virtual host (default %(default)s)",
+    )
+    g.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    g.add_argument(
+        "--warmup", type=_count, default=0, metavar="N", help="unmeasured messages first"
+    )
+    g.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help=f"end the run after S seconds, exit 1 (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    g.add_argument(
+        "--processes",
+        type=_processes,
+        default=None,
+        metavar="auto|K",
+        help="worker processes (default auto: one per client, up to the CPUs, at least 2)",
+    )
+    g.add_argument("--connect-timeout", type=_positive_float, default=10.0, metavar="S")
+    g.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
+
+
+def _messaging(p: argparse.ArgumentParser, destination: str, *, count: int | None) -> None:
+    g = p.add_argument_group("messages")
+    g.add_argument("--size", type=_size, default=DEFAULT_SIZE_BYTES, help="body bytes")
+    if count is not None:
+        g.add_argument("--count", type=_positive_int, default=count, help="measured messages")
+    g.add_argument("--persistent", action="store_true", help="send with persistent:true")
+    g.add_argument(
+        "--destination",
+        type=_destination,
+        default=destination,
+        help="a unique suffix is added per run (default %(default)s)",
+    )
+    g.add_argument("--ack", choices=ACK_MODES, default="client", help="consumer ack mode")
+    g.add_argument("--prefetch", type=_positive_int, default=1000, help="consumer credit")
+    g.add_argument(
+        "--ack-every", type=_positive_int, default=None, metavar="N", help="default prefetch/2"
+    )
+    g.add_argument(
+        "--idle-timeout",
+        type=_positive_float,
+        default=10.0,
+        metavar="S",
+        help="give up on missing messages after S s without progress",
+    )
+    g.add_argument(
+        "-H",
+        "--send-header",
+        type=_header,
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="extra SEND header",
+    )
+    g.add_argument(
+        "--subscribe-header",
+        type=_header,
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="extra SUBSCRIBE header",
+    )
+
+
+def _flow(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--receipt-every", type=_positive_int, default=100, metavar="W", help="receipt window"
+    )
+    p.add_argument(
+        "--max-receipts", type=_positive_int, default=8, metavar="K", help="unanswered windows"
+    )
+
+
+def add_bench_parser(subparsers: Any) -> None:
+    """Add `bench` and its scenarios to the `sluice` command's subparsers."""
+    bench = subparsers.add_parser(
+        "bench", help="load-test a STOMP broker", description=__doc__.split("\n\n")[0]
+    )
+    scenarios = bench.add_subparsers(dest="scenario", required=True)
+
+    t = scenarios.add_parser("throughput", help="producers and consumers flat out")
+    t.add_argument("--producers", type=_positive_int, default=1)
+    t.add_argument("--consumers", type=_positive_int, default=1)
+    _messaging(t, "/queue/bench.throughput", count=100_000)
+    _flow(t)
+    _common(t)
+
+    s = scenarios.add_parser("sync", help="each send waits for its receipt")
+    s.add_argument("--producers", type=_positive_int, default=1)
+    s.add_argument("--consumers", type=_positive_int, default=1, help="consumers that drain")
+    _messaging(s, "/queue/bench.sync", count=10_000)
+    _common(s)
+
+    lat = scenarios.add_parser("latency", help="one producer at a fixed rate, one consumer")
+    lat.add_argument("--rate", type=_positive_float, default=1000.0, help="messages per second")
+    lat.add_argument("--duration", type=_positive_float, default=10.0, help="seconds")
+    _messaging(lat, "/queue/bench.latency", count=None)
+    _flow(lat)
+    _common(lat)
+
+    from sluice.bench.connections import add_connections_parser  # noqa: PLC0415
+
+    c = scenarios.add_parser("connections", help="many connections held open at a low rate")
+    add_connections_parser(c)
+    _common(c)
+
+
+def new_run_id() -> str:
+    """A suffix that makes this run's destination names unique."""
+    return f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def _broker(args: argparse.Namespace) -> dict[str, Any]:
+    host, port = args.broker
+    return {
+        "host": host,
+        "port": port,
+        "login": args.login,
+        "passcode": args.passcode,
+        "host_header": args.host_header,
+    }
+
+
+def _clients_plan(args: argparse.Namespace, destination: str) -> ClientsPlan:
+    scenario = args.scenario
+    if scenario == "latency":
+        producers, consumers = 1, 1
+        count = max(1, round(args.rate * args.duration))
+        rate = args.rate
+    else:
+        producers, consumers = args.producers, args.consumers
+        count = args.count
+        rate = 0.0
+    if scenario == "sync":
+        receipt_every, max_receipts = 1, 1
+    else:
+        receipt_every, max_receipts = args.receipt_every, args.max_receipts
+    counts = split_count(count, producers)
+    warmups = split_count(args.warmup, producers)
+    send_headers = dict(args.send_header)
+    producer_specs = [
+        ProducerSpec(
+            producer_id=i,
+            destination=destination,
+            size=args.size,
+            count=counts[i],
+            warmup=warmups[i],
+            persistent=args.persistent,
+            receipt_every=receipt_every,
+            max_receipts=max_receipts,
+            rate_per_s=rate,
+            headers=send_headers,
+        )
+        for i in range(producers)
+    ]
+    per_producer = [counts[i] + warmups[i] for i in range(producers)]
+    ack_every = args.ack_every or max(1, args.prefetch // 2)
+    consumer_specs = [
+        ConsumerSpec(
+            consumer_id=i,
+            destination=destination,
+            size=args.size,
+            per_producer=per_producer,
+            warmup=warmups,
+            ack=args.ack,
+            prefetch=args.prefetch,
+            ack_every=min(ack_every, args.prefetch),
+            headers=dict(args.subscribe_header),
+        )
+        for i in range(consumers)
+    ]
+    return ClientsPlan(
+        broker=_broker(args),
+        producers=producer_specs,
+        consumers=consumer_specs,
+        processes=args.processes,
+        every_consumer=destination.startswith("/topic/"),
+        timeout_s=args.timeout or DEFAULT_TIMEOUT_S,
+        idle_timeout_s=args.idle_timeout,
+        connect_timeout_s=args.connect_timeout,
+        uvloop=not args.no_uvloop,
+        log_level=logging.getLogger().getEffectiveLevel(),
+    )
+
+
+def options_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed options as JSON-safe values, without the passcode."""
+    options: dict[str, Any] = {}
+    for key, value in sorted(vars(args).items()):
+        if key in ("passcode", "command", "verbose"):
+            continue
+        options[key] = str(value) if isinstance(value, Path) else value
+    return options
+
+
+def _describe(args: argparse.Namespace, destination: str, plan: ClientsPlan) -> str:
+    persistence = "persistent" if args.persistent else "non-persistent"
+    host, port = args.broker
+    if args.scenario == "latency":
+        who = f"1 producer at {args.rate:g} msg/s for {args.duration:g} s, 1 consumer"
+    else:
+        who = f"{args.producers} producer(s), {args.consumers} consumer(s)"
+    total = sum(p.count for p in plan.producers)
+    return (
+        f"sluice bench {args.scenario}: {who}, {total} x {args.size} B {persistence}, "
+        f"ack={args.ack}, to {destination} on {host}:{port}"
+    )
+
+
+def _run_clients(args: argparse.Namespace) -> int:
+    destination = f"{args.destination}.{new_run_id()}"
+    plan = _clients_plan(args, destination)
+    print(_describe(args, destination, plan), flush=True)
+    outcome = run_clients(plan)
+    results = summarize_clients(args.scenario, plan, outcome, args.size)
+    results["destination"] = destination
+    c_procs, p_procs = outcome.processes
+    print(f"worker processes: {c_procs} for consumers, {p_procs} for producers")
+    for line in format_clients(results):
+        print(line)
+    if args.json is not None:
+        write_json(args.json, args.scenario, options_of(args), results)
+    if not results["ok"]:
+        print(f"sluice bench {args.scenario}: {results['failure']}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the scenario the arguments name; return the exit code."""
+    if args.scenario == "connections":
+        from sluice.bench.connections import run_connections  # noqa: PLC0415
+
+        return run_connections(args)
+    return _run_clients(args)

@@ -1,0 +1,188 @@
+"""Turning worker results into the numbers a run reports, as text and as JSON.
+
+Throughput is measured messages received divided by the time from the first measured send to the
+last measured receive, across all processes (`time.monotonic_ns` is one clock machine-wide).
+Latencies are in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sluice import __version__
+from sluice.bench.runner import ClientsOutcome, ClientsPlan
+from sluice.bench.stats import LatencyHistogram, SeenTracker, Verification, verify
+
+__all__ = [
+    "format_clients",
+    "format_latency",
+    "latency_summary",
+    "merge_histograms",
+    "summarize_clients",
+    "write_json",
+]
+
+_PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p99_9", 99.9))
+_US_PER_MS = 1000.0
+_NS_PER_S = 1e9
+_BYTES_PER_MB = 1e6
+
+
+def merge_histograms(items: Iterable[dict[str, Any]]) -> LatencyHistogram:
+    """One histogram from the `to_dict` forms of many."""
+    merged = LatencyHistogram()
+    for item in items:
+        merged.merge(LatencyHistogram.from_dict(item))
+    return merged
+
+
+def latency_summary(histogram: LatencyHistogram) -> dict[str, Any]:
+    """Percentiles, mean and maximum in milliseconds (values were recorded in microseconds)."""
+    summary: dict[str, Any] = {"count": histogram.total}
+    for name, p in _PERCENTILES:
+        summary[name] = round(histogram.percentile(p) / _US_PER_MS, 3)
+    summary["max"] = round(histogram.max_value / _US_PER_MS, 3)
+    summary["mean"] = round(histogram.mean / _US_PER_MS, 3)
+    return summary
+
+
+def format_latency(label: str, summary: dict[str, Any]) -> str:
+    """One line of latency percentiles."""
+    if not summary.get("count"):
+        return f"{label}: no samples"
+    return (
+        f"{label} ms: p50 {summary['p50']:.3f}  p90 {summary['p90']:.3f}  "
+        f"p99 {summary['p99']:.3f}  p99.9 {summary['p99_9']:.3f}  max {summary['max']:.3f}  "
+        f"(mean {summary['mean']:.3f}, n={summary['count']})"
+    )
+
+
+def _verification(plan: ClientsPlan, outcome: ClientsOutcome) -> Verification:
+    per_producer = [0] * len(plan.producers)
+    for spec in plan.producers:
+        per_producer[spec.producer_id] = spec.warmup + spec.count
+    trackers = [SeenTracker.from_dict(c["tracker"]) for c in outcome.consumers]
+    missing_consumers = len(plan.consumers) - len(trackers)
+    if missing_consumers > 0:
+        # A consumer that returned nothing counts as having received nothing.
+        trackers += [SeenTracker(per_producer) for _ in range(missing_consumers)]
+    return verify(trackers, per_producer, every_consumer=plan.every_consumer)
+
+
+def summarize_clients(
+    scenario: str, plan: ClientsPlan, outcome: ClientsOutcome, size: int
+) -> dict[str, Any]:
+    """The results of a throughput, sync or latency run, JSON-safe."""
+    verification = _verification(plan, outcome)
+    measured = sum(int(c["measured"]) for c in outcome.consumers)
+    first_send = min(
+        (int(p["first_send_ns"]) for p in outcome.producers if p["first_send_ns"]), default=0
+    )
+    last_receive = max((int(c["last_ns"]) for c in outcome.consumers), default=0)
+    last_receipt = max((int(p["last_receipt_ns"]) for p in outcome.producers), default=0)
+    sent = sum(int(p["sent"]) for p in outcome.producers) - sum(s.warmup for s in plan.producers)
+    elapsed_s = (last_receive - first_send) / _NS_PER_S if first_send and last_receive else 0.0
+    send_s = (last_receipt - first_send) / _NS_PER_S if first_send and last_receipt else 0.0
+    results: dict[str, Any] = {
+        "scenario": scenario,
+        "messages": measured,
+        "size_bytes": size,
+        "elapsed_s": round(elapsed_s, 6),
+        "messages_per_s": round(measured / elapsed_s, 1) if elapsed_s > 0 else 0.0,
+        "mb_per_s": round(measured * size / elapsed_s / _BYTES_PER_MB, 3) if elapsed_s > 0 else 0.0,
+        "sent": max(sent, 0),
+        "send_elapsed_s": round(send_s, 6),
+        "sends_per_s": round(max(sent, 0) / send_s, 1) if send_s > 0 else 0.0,
+        "latency_ms": latency_summary(merge_histograms(c["latency"] for c in outcome.consumers)),
+        "receipt_latency_ms": latency_summary(
+            merge_histograms(p["receipt_latency"] for p in outcome.producers)
+        ),
+        "verification": verification.to_dict(),
+        "processes": {"consumers": outcome.processes[0], "producers": outcome.processes[1]},
+        "errors": outcome.errors,
+        "reason": outcome.reason,
+    }
+    send_latency = merge_histograms(c["send_latency"] for c in outcome.consumers)
+    if send_latency.total:
+        results["send_latency_ms"] = latency_summary(send_latency)
+    failures = []
+    if outcome.reason:
+        failures.append(outcome.reason)
+    elif outcome.errors:
+        failures.append(outcome.errors[0])
+    if not verification.ok and (verification.received or not outcome.reason):
+        failures.append(_verification_line(verification))
+    results["ok"] = not failures
+    results["failure"] = "; ".join(failures) if failures else None
+    return results
+
+
+def _verification_line(v: Verification) -> str:
+    line = (
+        f"verification FAILED: {v.received} of {v.expected} received, {v.missing} missing, "
+        f"{v.duplicates} duplicates, {v.unexpected} unexpected, {v.corrupt} corrupt"
+    )
+    if v.missing_examples:
+        first = sorted(v.missing_examples.items())[:3]
+        line += "; missing e.g. " + ", ".join(f"producer {p}: {seqs[:5]}" for p, seqs in first)
+    return line
+
+
+def format_clients(results: dict[str, Any]) -> list[str]:
+    """The human-readable report of a throughput, sync or latency run."""
+    lines = [
+        f"received {results['messages']} messages of {results['size_bytes']} bytes "
+        f"in {results['elapsed_s']:.3f} s: {results['messages_per_s']:,.0f} msg/s, "
+        f"{results['mb_per_s']:.2f} MB/s",
+        f"sent {results['sent']} messages, all receipted in {results['send_elapsed_s']:.3f} s: "
+        f"{results['sends_per_s']:,.0f} msg/s",
+        format_latency("end-to-end latency", results["latency_ms"]),
+    ]
+    if "send_latency_ms" in results:
+        lines.append(format_latency("latency from actual send", results["send_latency_ms"]))
+    lines.append(format_latency("receipt latency", results["receipt_latency_ms"]))
+    v = results["verification"]
+    if v["ok"]:
+        lines.append(f"verified: all {v['expected']} messages arrived exactly once")
+    else:
+        lines.append(
+            _verification_line(
+                Verification(
+                    expected=v["expected"],
+                    received=v["received"],
+                    missing=v["missing"],
+                    duplicates=v["duplicates"],
+                    unexpected=v["unexpected"],
+                    corrupt=v["corrupt"],
+                    missing_examples={int(k): s for k, s in v["missing_examples"].items()},
+                )
+            )
+        )
+    for error in results["errors"][:5]:
+        lines.append(f"error: {error}")
+    return lines
+
+
+def write_json(path: Path, scenario: str, options: dict[str, Any], results: dict[str, Any]) -> None:
+    """Write one run's options and results, with the command line and the machine, as JSON."""
+    document = {
+        "tool": f"sluice bench {__version__}",
+        "command": " ".join(["sluice", *sys.argv[1:]]) if sys.argv else "",
+        "scenario": scenario,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "options": options,
+        "results": results,
+    }
+    path.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")

@@ -1,0 +1,240 @@
+"""The worker process: runs a share of the producers and consumers on its own event loop.
+
+The coordinating process (`runner`) starts workers with multiprocessing's `spawn` context and talks
+to each over a pipe in JSON, one object per message; nothing received from the broker is ever
+unpickled. Commands go down (`warmup`, `start`, `stop`), events come up:
+
+- `ready`: every link is connected and every subscription confirmed by a receipt;
+- `progress`: distinct messages received so far by this worker's consumers (every 100 ms);
+- `warmed`, `sent`: this worker's producers finished a phase and hold no unanswered receipt;
+- `error`: something failed (the worker still answers `stop`);
+- `result`: everything measured, sent once after `stop`, then the worker exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import resource
+from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from sluice.bench.roles import Consumer, ConsumerSpec, Producer, ProducerSpec
+from sluice.bench.wire import BrokerAddress, LinkError, StompLink, open_link
+
+__all__ = ["Channel", "raise_open_files_limit", "run_worker", "worker_main"]
+
+log = logging.getLogger(__name__)
+
+_ACK_FLUSH_INTERVAL_S = 0.02
+_PROGRESS_EVERY_TICKS = 5
+_DISCONNECT_TIMEOUT_S = 5.0
+
+
+def raise_open_files_limit() -> int:
+    """Raise the RLIMIT_NOFILE soft limit to the hard limit; return the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class Channel:
+    """The worker's end of the pipe: JSON objects both ways, read without blocking the loop."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(conn.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            while self.conn.poll():
+                self._inbox.put_nowait(json.loads(self.conn.recv_bytes()))
+        except (EOFError, OSError):
+            # The coordinator is gone: behave as if told to stop.
+            asyncio.get_running_loop().remove_reader(self.conn.fileno())
+            self._inbox.put_nowait({"cmd": "stop", "reason": "coordinator went away"})
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Send one JSON object to the coordinator (ignored if it has gone)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.conn.send_bytes(json.dumps(message).encode())
+
+    async def receive(self) -> dict[str, Any]:
+        """The next command from the coordinator."""
+        return await self._inbox.get()
+
+    def close(self) -> None:
+        """Stop watching the pipe."""
+        with contextlib.suppress(OSError, ValueError):
+            asyncio.get_running_loop().remove_reader(self.conn.fileno())
+
+
+def _address(spec: dict[str, Any]) -> BrokerAddress:
+    broker = spec["broker"]
+    return BrokerAddress(
+        host=broker["host"],
+        port=int(broker["port"]),
+        login=broker.get("login"),
+        passcode=broker.get("passcode"),
+        host_header=broker.get("host_header", "/"),
+    )
+
+
+class _ClientsWorker:
+    """Producers and consumers of the throughput, sync and latency scenarios."""
+
+    def __init__(self, channel: Channel, spec: dict[str, Any]) -> None:
+        self.channel = channel
+        self.address = _address(spec)
+        self.connect_timeout_s = float(spec.get("connect_timeout_s", 10.0))
+        self.producer_specs = [ProducerSpec(**p) for p in spec.get("producers", [])]
+        self.consumer_specs = [ConsumerSpec(**c) for c in spec.get("consumers", [])]
+        self.producers: list[Producer] = []
+        self.consumers: list[Consumer] = []
+        self.errors: list[str] = []
+        self._phase: asyncio.Task[None] | None = None
+        self._reported: set[int] = set()
+
+    def _error(self, reason: str) -> None:
+        self.errors.append(reason)
+        self.channel.send({"event": "error", "reason": reason})
+
+    async def _open(self) -> None:
+        async def consumer(spec: ConsumerSpec) -> Consumer:
+            link = await open_link(
+                self.address, f"consumer {spec.consumer_id}", self.connect_timeout_s
+            )
+            consumer = Consumer(spec, link)
+            self.consumers.append(consumer)
+            await consumer.subscribe(self.connect_timeout_s)
+            return consumer
+
+        async def producer(spec: ProducerSpec) -> Producer:
+            link = await open_link(
+                self.address, f"producer {spec.producer_id}", self.connect_timeout_s
+            )
+            producer = Producer(spec, link)
+            self.producers.append(producer)
+            return producer
+
+        jobs: list[Awaitable[Any]] = [consumer(s) for s in self.consumer_specs]
+        jobs += [producer(s) for s in self.producer_specs]
+        await asyncio.gather(*jobs)
+
+    async def _produce(self, warmup: bool, done_event: str) -> None:
+        def span(p: Producer) -> tuple[int, int]:
+            w = p.spec.warmup
+            return (0, w) if warmup else (w, w + p.spec.count)
+
+        try:
+            await asyncio.gather(*(p.run(*span(p), measured=not warmup) for p in self.producers))
+        except LinkError as exc:
+            self._error(str(exc))
+            return
+        self.channel.send({"event": done_event})
+
+    async def _tick(self) -> None:
+        ticks = 0
+        reported = -1
+        while True:
+            await asyncio.sleep(_ACK_FLUSH_INTERVAL_S)
+            for consumer in self.consumers:
+                consumer.flush_acks()
+            ticks += 1
+            if ticks % _PROGRESS_EVERY_TICKS == 0:
+                unique = sum(c.unique for c in self.consumers)
+                if unique != reported:
+                    reported = unique
+                    self.channel.send({"event": "progress", "unique": unique})
+                for consumer in self.consumers:
+                    link = consumer.link
+                    if not link.alive and not link.closed and id(link) not in self._reported:
+                        self._reported.add(id(link))
+                        self._error(link.error or f"{link.name}: closed")
+
+    async def run(self) -> None:
+        """Connect, then follow the coordinator's commands until `stop`."""
+        try:
+            await self._open()
+        except (LinkError, OSError) as exc:
+            self._error(f"connecting to {self.address.host}:{self.address.port}: {exc}")
+        else:
+            self.channel.send({"event": "ready"})
+        ticker = asyncio.create_task(self._tick())
+        try:
+            while True:
+                command = (await self.channel.receive()).get("cmd")
+                if command == "stop":
+                    break
+                if command not in ("warmup", "start"):
+                    continue
+                if self._phase is not None and not self._phase.done():
+                    self._error(f"{command} received while the previous phase is running")
+                    continue
+                warm = command == "warmup"
+                self._phase = asyncio.create_task(self._produce(warm, "warmed" if warm else "sent"))
+        finally:
+            ticker.cancel()
+            if self._phase is not None and not self._phase.done():
+                self._phase.cancel()
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        for consumer in self.consumers:
+            consumer.flush_acks()
+        links: list[StompLink] = [c.link for c in self.consumers] + [p.link for p in self.producers]
+        await asyncio.gather(
+            *(link.disconnect(_DISCONNECT_TIMEOUT_S) for link in links), return_exceptions=True
+        )
+        self.channel.send(
+            {
+                "event": "result",
+                "producers": [p.result() for p in self.producers],
+                "consumers": [c.result() for c in self.consumers],
+                "errors": self.errors,
+            }
+        )
+
+
+async def run_worker(conn: Connection, spec: dict[str, Any]) -> None:
+    """The body of a worker process, on a running loop."""
+    channel = Channel(conn)
+    try:
+        if spec["kind"] == "connections":
+            from sluice.bench.connections import ConnectionsWorker  # noqa: PLC0415
+
+            await ConnectionsWorker(channel, spec).run()
+        else:
+            await _ClientsWorker(channel, spec).run()
+    except Exception as exc:  # the worker's task boundary: report, never hang the coordinator
+        log.exception("bench worker failed")
+        channel.send({"event": "error", "reason": f"worker failed: {type(exc).__name__}: {exc}"})
+        channel.send({"event": "result", "producers": [], "consumers": [], "errors": [str(exc)]})
+    finally:
+        channel.close()
+
+
+def worker_main(conn: Connection, spec_json: str) -> None:
+    """Entry point of a spawned worker process."""
+    spec: dict[str, Any] = json.loads(spec_json)
+    logging.basicConfig(level=spec.get("log_level", logging.WARNING))
+    raise_open_files_limit()
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if spec.get("uvloop", True):
+        try:
+            import uvloop  # noqa: PLC0415
+
+            loop_factory = uvloop.new_event_loop
+        except ImportError:
+            loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(run_worker(conn, spec))
+    conn.close()

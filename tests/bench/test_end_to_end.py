@@ -1,0 +1,83 @@
+"""`sluice bench` against a real Sluice broker on port 0, worker processes and all."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import RunningBroker
+from sluice.cli import main
+
+
+def _run(broker: RunningBroker, tmp_path: Path, *argv: str) -> tuple[int, dict[str, Any]]:
+    out = tmp_path / "result.json"
+    code = main(["bench", *argv, "--broker", broker.address, "--json", str(out), "--timeout", "60"])
+    return code, json.loads(out.read_text())
+
+
+def test_throughput_one_producer_one_consumer(
+    broker: RunningBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, document = _run(
+        broker, tmp_path, "throughput", "--count", "2000", "--size", "256", "--warmup", "100"
+    )
+    results = document["results"]
+    assert isinstance(results, dict)
+    assert code == 0, results
+    assert results["ok"]
+    assert results["messages"] == 2000
+    assert results["verification"]["expected"] == 2100
+    assert results["verification"]["duplicates"] == 0
+    assert results["messages_per_s"] > 0
+    assert results["latency_ms"]["count"] == 2000
+    assert results["receipt_latency_ms"]["count"] == 20
+    assert document["scenario"] == "throughput"
+    assert "passcode" not in document["options"]
+    assert "exactly once" in capsys.readouterr().out
+
+
+def test_sync_with_persistent_messages(broker: RunningBroker, tmp_path: Path) -> None:
+    code, document = _run(broker, tmp_path, "sync", "--count", "200", "--persistent")
+    results = document["results"]
+    assert isinstance(results, dict)
+    assert code == 0, results
+    assert results["receipt_latency_ms"]["count"] == 200
+    assert results["sends_per_s"] > 0
+
+
+def test_connections_round_trip(broker: RunningBroker, tmp_path: Path) -> None:
+    code, document = _run(
+        broker,
+        tmp_path,
+        "connections",
+        "--connections",
+        "20",
+        "--duration",
+        "1",
+        "--rate-per-connection",
+        "5",
+        "--broker-pid",
+        str(os.getpid()),
+    )
+    results = document["results"]
+    assert isinstance(results, dict)
+    assert code == 0, results
+    assert results["established"] == results["held"] == 20
+    assert results["received"] == results["sent"] > 0
+    assert results["broker_rss_kib"]["before"] > 0
+
+
+def test_unreachable_broker_fails_with_a_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = main(["bench", "throughput", "--count", "10", "--broker", f"127.0.0.1:{port}"])
+    assert code == 1
+    assert "refused" in capsys.readouterr().err.lower()

@@ -1,0 +1,216 @@
+"""Producer and consumer on a link whose transport is a recording fake (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+import pytest
+
+from sluice.bench.payload import decode_body, encode_body
+from sluice.bench.roles import Consumer, ConsumerSpec, Producer, ProducerSpec
+from sluice.bench.wire import LinkError, StompLink
+from sluice.stomp import Command, Frame, FrameParser, StompLimits, Version, encode_frame
+
+
+class _Transport:
+    """Records writes; enough of asyncio.Transport for StompLink."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = True
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        del high, low
+
+    def get_extra_info(self, name: str) -> Any:
+        return None
+
+    def frames(self) -> list[Frame]:
+        parser = FrameParser(StompLimits(), Version.V1_2)
+        parser.feed(bytes(self.data))
+        found = []
+        while (event := parser.next_event()) is not None:
+            if isinstance(event, Frame):
+                found.append(event)
+        return found
+
+
+def _link(version: Version = Version.V1_2) -> tuple[StompLink, _Transport]:
+    link = StompLink("test")
+    transport = _Transport()
+    link.connection_made(transport)  # type: ignore[arg-type]
+    link.version = version
+    return link, transport
+
+
+def _receipt(link: StompLink, receipt_id: str) -> None:
+    link.data_received(encode_frame(Command.RECEIPT, {"receipt-id": receipt_id}))
+
+
+def _message(seq: int, ack: str, *, size: int = 64, producer: int = 0) -> bytes:
+    headers = {"destination": "/queue/q", "message-id": f"m-{seq}", "subscription": "bench-0"}
+    headers["ack"] = ack
+    body = encode_body(producer, seq, time.monotonic_ns(), size)
+    return encode_frame(Command.MESSAGE, headers, body)
+
+
+async def test_producer_windows_carry_receipts_and_valid_bodies() -> None:
+    link, transport = _link()
+    spec = ProducerSpec(3, "/queue/q", 64, count=5, receipt_every=2, max_receipts=10)
+    producer = Producer(spec, link)
+    task = asyncio.create_task(producer.run(0, 5, measured=True))
+    await asyncio.sleep(0)
+    frames = transport.frames()
+    assert [f.command for f in frames] == [Command.SEND] * 5
+    assert [f.headers.get("receipt") for f in frames] == [None, "m1", None, "m3", "m4"]
+    for seq, frame in enumerate(frames):
+        assert frame.headers["destination"] == "/queue/q"
+        assert "persistent" not in frame.headers
+        head = decode_body(frame.body, 64)
+        assert (head.producer, head.seq) == (3, seq)
+    assert not task.done()  # waits for its receipts
+    for receipt_id in ("m1", "m3", "m4"):
+        _receipt(link, receipt_id)
+    await asyncio.wait_for(task, 1)
+    assert producer.sent == 5
+    assert producer.receipt_latency.total == 3
+
+
+async def test_persistent_is_only_ever_true() -> None:
+    link, transport = _link()
+    spec = ProducerSpec(0, "/queue/q", 64, count=1, persistent=True)
+    task = asyncio.create_task(Producer(spec, link).run(0, 1, measured=False))
+    await asyncio.sleep(0)
+    (frame,) = transport.frames()
+    assert frame.headers["persistent"] == "true"
+    _receipt(link, "w0")
+    await asyncio.wait_for(task, 1)
+
+
+async def test_producer_stops_at_max_receipts_until_answered() -> None:
+    link, transport = _link()
+    spec = ProducerSpec(0, "/queue/q", 64, count=10, receipt_every=1, max_receipts=2)
+    task = asyncio.create_task(Producer(spec, link).run(0, 10, measured=True))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(transport.frames()) == 2  # two windows out, none answered
+    _receipt(link, "m0")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(transport.frames()) == 3
+    for seq in range(1, 10):
+        _receipt(link, f"m{seq}")
+        for _ in range(3):
+            await asyncio.sleep(0)
+    await asyncio.wait_for(task, 1)
+    assert len(transport.frames()) == 10
+
+
+async def test_producer_fails_when_the_link_dies() -> None:
+    link, _ = _link()
+    spec = ProducerSpec(0, "/queue/q", 64, count=10, receipt_every=1, max_receipts=1)
+    task = asyncio.create_task(Producer(spec, link).run(0, 10, measured=True))
+    await asyncio.sleep(0)
+    link.data_received(encode_frame(Command.ERROR, {"message": "go away"}))
+    with pytest.raises(LinkError, match="go away"):
+        await asyncio.wait_for(task, 1)
+
+
+async def test_timetable_stamps_due_times() -> None:
+    link, transport = _link()
+    spec = ProducerSpec(0, "/queue/q", 64, count=4, rate_per_s=1000.0, receipt_every=2)
+    producer = Producer(spec, link)
+    task = asyncio.create_task(producer.run(0, 4, measured=True))
+    while len(transport.frames()) < 4:
+        await asyncio.sleep(0.001)
+        for frame in transport.frames():
+            receipt = frame.headers.get("receipt")
+            if receipt is not None:
+                _receipt(link, receipt)
+    await asyncio.wait_for(task, 1)
+    heads = [decode_body(f.body, 64) for f in transport.frames()]
+    steps = [b.intended_ns - a.intended_ns for a, b in itertools.pairwise(heads)]
+    assert all(abs(step - 1_000_000) <= 1 for step in steps)
+    assert all(h.sent_ns >= h.intended_ns for h in heads)
+
+
+def _consumer(ack: str, ack_every: int, version: Version = Version.V1_2) -> tuple[Consumer, Any]:
+    link, transport = _link(version)
+    spec = ConsumerSpec(0, "/queue/q", 64, per_producer=[10], ack=ack, ack_every=ack_every)
+    return Consumer(spec, link), transport
+
+
+async def test_client_mode_acks_cumulatively_per_batch() -> None:
+    consumer, transport = _consumer("client", 3)
+    consumer.link.data_received(b"".join(_message(i, f"a:{i}") for i in range(7)))
+    acks = transport.frames()
+    assert [f.headers["id"] for f in acks] == ["a:2", "a:5"]  # escaped ids round-trip
+    consumer.flush_acks()
+    assert [f.headers["id"] for f in transport.frames()] == ["a:2", "a:5", "a:6"]
+    assert consumer.unique == 7
+    assert consumer.measured == 7
+    assert consumer.latency.total == 7
+
+
+async def test_client_individual_acks_every_message() -> None:
+    consumer, transport = _consumer("client-individual", 2)
+    consumer.link.data_received(b"".join(_message(i, str(i)) for i in range(3)))
+    consumer.flush_acks()
+    assert [f.headers["id"] for f in transport.frames()] == ["0", "1", "2"]
+
+
+async def test_auto_mode_sends_no_acks() -> None:
+    consumer, transport = _consumer("auto", 1)
+    consumer.link.data_received(_message(0, "0"))
+    consumer.flush_acks()
+    assert transport.frames() == []
+    assert consumer.unique == 1
+
+
+async def test_stomp_1_1_acks_by_message_id_and_subscription() -> None:
+    consumer, transport = _consumer("client", 1, Version.V1_1)
+    frame = encode_frame(
+        Command.MESSAGE,
+        {"destination": "/queue/q", "message-id": "m-0", "subscription": "bench-0"},
+        encode_body(0, 0, time.monotonic_ns(), 64),
+        Version.V1_1,
+    )
+    consumer.link.data_received(frame)
+    (ack,) = transport.frames()
+    assert ack.headers == {"message-id": "m-0", "subscription": "bench-0"}
+
+
+async def test_consumer_counts_duplicates_and_corrupt_bodies() -> None:
+    consumer, _ = _consumer("auto", 1)
+    link = consumer.link
+    link.data_received(_message(1, "x") + _message(1, "y"))
+    link.data_received(_message(2, "z", size=65))  # wrong size
+    link.data_received(_message(3, "z", producer=9))  # no such producer
+    tracker = consumer.tracker
+    assert (tracker.unique, tracker.duplicates, tracker.corrupt, tracker.unexpected) == (1, 1, 1, 1)
+    assert consumer.received == 4
+
+
+async def test_warmup_messages_are_verified_but_not_timed() -> None:
+    link, _ = _link()
+    spec = ConsumerSpec(0, "/queue/q", 64, per_producer=[4], warmup=[2], ack="auto")
+    consumer = Consumer(spec, link)
+    link.data_received(b"".join(_message(i, str(i)) for i in range(4)))
+    assert consumer.unique == 4
+    assert consumer.measured == 2
+    assert consumer.latency.total == 2
