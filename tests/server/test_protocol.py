@@ -445,3 +445,15 @@ def test_client_that_beats_stays_connected(beating_broker: RunningBroker) -> Non
         del i
     c.send(b"SEND\ndestination:/queue/a\nreceipt:alive\n\nx\0")
     assert c.frame().headers["receipt-id"] == "alive"
+
+
+def test_subscribe_receipt_on_a_topic_carries_its_offsets(broker: RunningBroker) -> None:
+    _send(broker.port, "/topic/offsets", [b"nobody hears this"])
+    c = RawStomp(broker.port)
+    c.connect()
+    c.send(b"SUBSCRIBE\nid:1\ndestination:/topic/offsets\nreceipt:r\n\n\0")
+    receipt = c.frame()
+    assert receipt.headers["x-last-offset"] == "1"
+    assert receipt.headers["x-first-offset"] == "2"  # nothing is kept: the next one is first
+    _send(broker.port, "/topic/offsets", [b"heard"])
+    assert c.frame().headers["x-offset"] == "2"

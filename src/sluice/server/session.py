@@ -21,6 +21,7 @@ from sluice.core.broker import FlowReason
 from sluice.core.connection import BrokerConnection
 from sluice.core.message import AckMode, Message
 from sluice.core.subscription import Subscription
+from sluice.core.topic import Topic
 from sluice.errors import LimitExceeded, RemoteProtocolError, RequestError
 from sluice.server.flow import FlowControl, ReadPause
 from sluice.server.frames import build_message, encode_common_headers, parse_int_header
@@ -59,6 +60,26 @@ _FLOW_TO_PAUSE = {
 _ACK_MODES = {m.value: m for m in AckMode}
 
 
+class _Receipt:
+    """A receipt waiting its turn: sent once `done` and every receipt before it is sent."""
+
+    __slots__ = ("closes", "done", "extra_headers", "receipt_id")
+
+    def __init__(
+        self,
+        receipt_id: str | None,
+        *,
+        done: bool,
+        extra_headers: str = "",
+        closes: bool = False,
+    ) -> None:
+        self.receipt_id = receipt_id
+        self.done = done
+        self.extra_headers = extra_headers
+        # DISCONNECT: close the connection once this receipt is out.
+        self.closes = closes
+
+
 class _SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         return f"[{self.extra['conn']} {self.extra['peer']}] {msg}", kwargs  # type: ignore[index]
@@ -81,8 +102,8 @@ class StompSession(asyncio.Protocol):
         self.flow = FlowControl(self._pause_reading, self._resume_reading)
         self._out: list[bytes] = []
         self._flush_scheduled = False
-        # Receipts wait in order behind the persistent sends before them: [receipt-id, done].
-        self._receipts: deque[list[Any]] = deque()
+        # Receipts wait in order behind the persistent sends before them.
+        self._receipts: deque[_Receipt] = deque()
         self._max_receipts = limits.max_pending_receipts_per_connection
         self._timer: asyncio.TimerHandle | None = None
         self._slow_timer: asyncio.TimerHandle | None = None
@@ -250,11 +271,11 @@ class StompSession(asyncio.Protocol):
         message = build_message(frame, self.broker.new_message_id(), self.broker.now_ms())
         txid = frame.headers.get("transaction")
         if message.persistent and txid is None:
-            entry = [receipt, False]
+            entry = _Receipt(receipt, done=False)
             self._receipts.append(entry)
 
             def stored(handle: WriteHandle | None) -> None:
-                entry[1] = True
+                entry.done = True
                 self._flush_receipts()
 
             core.send(message, stored, txid)
@@ -273,7 +294,7 @@ class StompSession(asyncio.Protocol):
         if mode is None:
             raise RequestError(f"unknown ack mode {h.get('ack')!r} in SUBSCRIBE")
         prefetch = parse_int_header(h, "activemq.prefetchSize", minimum=1)
-        core.subscribe(
+        sub = core.subscribe(
             sub_id,
             destination,
             mode,
@@ -290,7 +311,14 @@ class StompSession(asyncio.Protocol):
         )
         core.set_link_data(sub_id, escaped.encode())
         if receipt is not None:
-            self._receipt(receipt)
+            extra = ""
+            topic = sub.destination if sub is not None else None
+            if isinstance(topic, Topic):
+                # Readers of a topic's log (the Spark source) learn what it keeps from the receipt.
+                extra = (
+                    f"x-first-offset:{topic.earliest_seq()}\nx-last-offset:{topic.visible_seq}\n"
+                )
+            self._receipt(receipt, extra)
 
     def _on_unsubscribe(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
         h = frame.headers
@@ -332,11 +360,11 @@ class StompSession(asyncio.Protocol):
             self._receipt(receipt)
 
     def _on_commit(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        entry = [receipt, False]
+        entry = _Receipt(receipt, done=False)
         self._receipts.append(entry)
 
         def done() -> None:
-            entry[1] = True
+            entry.done = True
             self._flush_receipts()
 
         core.commit(frame.headers["transaction"], done)
@@ -350,7 +378,7 @@ class StompSession(asyncio.Protocol):
         self.close_reason = CloseReason.CLIENT_DISCONNECT
         # Stop reading; answer once every earlier persistent send is written, then close.
         self.flow.pause(ReadPause.CLOSING)
-        self._receipts.append([receipt, True, "disconnect"])
+        self._receipts.append(_Receipt(receipt, done=True, closes=True))
         self._flush_receipts()
 
     _handlers: ClassVar[
@@ -369,27 +397,32 @@ class StompSession(asyncio.Protocol):
 
     # -- receipts -------------------------------------------------------------------------------
 
-    def _receipt(self, receipt_id: str) -> None:
+    def _receipt(self, receipt_id: str, extra_headers: str = "") -> None:
         if self._receipts:
-            self._receipts.append([receipt_id, True])
+            self._receipts.append(_Receipt(receipt_id, done=True, extra_headers=extra_headers))
             self._flush_receipts()
         else:
-            self._write(self._receipt_bytes(receipt_id))
+            self._write(self._receipt_bytes(receipt_id, extra_headers))
 
-    def _receipt_bytes(self, receipt_id: str) -> bytes:
+    def _receipt_bytes(self, receipt_id: str, extra_headers: str = "") -> bytes:
         if self._version is not Version.V1_0:
             receipt_id = escape_value(receipt_id, self._version)
-        return b"RECEIPT\nreceipt-id:" + receipt_id.encode() + b"\n\n\x00"
+        return (
+            b"RECEIPT\nreceipt-id:"
+            + receipt_id.encode()
+            + b"\n"
+            + extra_headers.encode()
+            + b"\n\x00"
+        )
 
     def _flush_receipts(self) -> None:
         receipts = self._receipts
         disconnect = False
-        while receipts and receipts[0][1]:
+        while receipts and receipts[0].done:
             entry = receipts.popleft()
-            if entry[0] is not None:
-                self._write(self._receipt_bytes(entry[0]))
-            if len(entry) > 2:
-                disconnect = True
+            if entry.receipt_id is not None:
+                self._write(self._receipt_bytes(entry.receipt_id, entry.extra_headers))
+            disconnect = disconnect or entry.closes
         if len(receipts) < self._max_receipts // 2:
             self.flow.resume(ReadPause.RECEIPTS)
         if disconnect:
