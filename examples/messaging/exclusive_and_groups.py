@@ -1,0 +1,49 @@
+"""Exclusive consumers and message groups.
+
+An exclusive consumer gets every message of the queue; when it leaves, the next one takes over.
+Messages with the same JMSXGroupID go to one consumer, in order, until the group closes
+(JMSXGroupSeq -1) or its consumer leaves.
+"""
+
+import asyncio
+import uuid
+
+from _common import BROKER
+
+from sluice.client import Client
+
+
+async def main() -> None:
+    queue = f"/queue/accounts-{uuid.uuid4().hex[:8]}"
+    async with (
+        await Client.connect(BROKER) as producer,
+        await Client.connect(BROKER) as a,
+        await Client.connect(BROKER) as b,
+    ):
+        sub_a = await a.subscribe(queue, ack="client-individual")
+        sub_b = await b.subscribe(queue, ack="client-individual")
+        for n in range(3):
+            for account in ("alice", "bob"):
+                await producer.send(queue, f"{account}-{n}", headers={"JMSXGroupID": account})
+        for name, sub, client in (("a", sub_a, a), ("b", sub_b, b)):
+            got = []
+            for _ in range(3):
+                message = await sub.get(timeout=5)
+                got.append(message.body.decode())
+                await client.ack(message)
+            print(f"consumer {name} got", " ".join(got))
+
+        exclusive_queue = queue + ".exclusive"
+        headers = {"activemq.exclusive": "true"}
+        sub_a = await a.subscribe(exclusive_queue, ack="client-individual", headers=headers)
+        sub_b = await b.subscribe(exclusive_queue, ack="client-individual", headers=headers)
+        await producer.send(exclusive_queue, "one")
+        message = await sub_a.get(timeout=5)
+        print("exclusive consumer a got", message.body.decode())
+        await sub_a.unsubscribe()  # b takes over; the unacknowledged message comes back
+        message = await sub_b.get(timeout=5)
+        print("b took over and got", message.body.decode(), "redelivered", message.redelivered)
+        await b.ack(message)
+
+
+asyncio.run(main())
