@@ -19,8 +19,8 @@ run: setup
 	$(VENV)/bin/sluice broker --store journal --data ./data
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 typecheck: setup
 	$(VENV)/bin/mypy
