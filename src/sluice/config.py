@@ -65,6 +65,7 @@ class Limits:
     max_connections: int = 20_000
     max_subscriptions_per_connection: int = 1000
     max_transactions_per_connection: int = 100
+    max_open_streams_per_connection: int = 1000
     max_pending_receipts_per_connection: int = 10_000
     # Whole broker, messages held in memory (queued, paged in, in flight).
     memory_limit_bytes: int = 1 * GiB

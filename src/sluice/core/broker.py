@@ -18,7 +18,15 @@ from typing import Protocol
 
 from sluice.config import Config, DestinationPolicy
 from sluice.core.destination import Destination
-from sluice.core.message import DestinationKind, Message, parse_destination
+from sluice.core.message import (
+    GROUP_ID,
+    STREAM_ABORT,
+    STREAM_ABORT_REASON,
+    STREAM_ID,
+    DestinationKind,
+    Message,
+    parse_destination,
+)
 from sluice.core.queue import Queue
 from sluice.core.topic import Topic
 from sluice.core.usage import Usage
@@ -77,6 +85,14 @@ class Producer(Protocol):
         ...
 
 
+class StreamOwner(Protocol):
+    """A connection sending live streams."""
+
+    def abort_streams(self, reason: str, older_than_ms: int | None = None) -> None:
+        """Abort its open streams (those idle since before `older_than_ms`, or all)."""
+        ...
+
+
 class TopicAttacher(Protocol):
     """A wildcard subscription: told about every new topic its pattern matches."""
 
@@ -118,6 +134,8 @@ class Broker:
         self._write_waiters: dict[Hashable, Producer] = {}
         self.recovery: Recovery | None = None
         self._sweep_timer: Cancellable | None = None
+        # Connections with live streams open (checked for idle streams by the sweep).
+        self.streaming: set[StreamOwner] = set()
         self.store_pages = bool(getattr(store, "pages_to_disk", True))
         self._overrides = [
             (kind, compile_pattern(short), override.policy)
@@ -176,11 +194,17 @@ class Broker:
         self.store.close()
 
     def _sweep(self) -> None:
-        """Expired messages go to their DLQ even when nobody consumes the queue."""
+        """Expired messages go to their DLQ even when nobody consumes the queue; streams whose
+        producer went quiet past `stream_idle_timeout_s` are aborted."""
         now_ms = self.now_ms()
         for destination in list(self.destinations.values()):
             if isinstance(destination, Queue) and destination.pending:
                 destination.expire(now_ms)
+        for owner in list(self.streaming):
+            owner.abort_streams(
+                "no chunk within stream_idle_timeout_s",
+                older_than_ms=now_ms - int(self.config.policy.stream_idle_timeout_s * 1000),
+            )
         self._sweep_timer = self._loop.call_later(EXPIRY_SWEEP_INTERVAL_S, self._sweep)
 
     # -- destinations ---------------------------------------------------------------------------
@@ -238,6 +262,31 @@ class Broker:
             if override_kind is kind and pattern.matches(short):
                 return policy
         return self.config.policy
+
+    def abort_stream(self, destination_name: str, stream_id: str, reason: str) -> None:
+        """Put an abort marker at the end of a stream: its reader raises instead of waiting."""
+        destination = self.destinations.get(destination_name)
+        if destination is None:
+            return
+        headers = {
+            GROUP_ID: stream_id,
+            STREAM_ID: stream_id,
+            STREAM_ABORT: "true",
+            STREAM_ABORT_REASON: reason,
+        }
+        marker = Message(
+            destination_name,
+            0,
+            self.new_message_id(),
+            self.now_ms(),
+            headers,
+            b"",
+            persistent=True,
+        )
+        self.count("streams_aborted")
+        log.info("aborting stream %s on %s: %s", stream_id, destination_name, reason)
+        self.track_write(marker)
+        destination.accept(marker, self.write_done)
 
     def dead_letter(self, message: Message, reason: str) -> None:
         """Send a copy of the message to its dead-letter queue, with where and why."""

@@ -15,11 +15,13 @@ from sluice.core.broker import Broker, FlowReason
 from sluice.core.destination import Destination
 from sluice.core.message import (
     DEDUP_ID,
+    STREAM_ID,
     TOPIC_PREFIX,
     AckMode,
     DestinationKind,
     DestinationNameError,
     Message,
+    closes_group,
 )
 from sluice.core.selector import Selector, SelectorError, compile_selector
 from sluice.core.subscription import Link, Subscription
@@ -82,6 +84,8 @@ class BrokerConnection:
         self.wildcard_subs: dict[str, WildcardSubscription] = {}
         self.tags: dict[int, Subscription] = {}
         self.txs: dict[str, Transaction] = {}
+        # Live streams being sent: (destination, stream id) -> last chunk time (ms).
+        self.open_streams: dict[tuple[str, str], int] = {}
         self.closed = False
 
     # -- producing ------------------------------------------------------------------------------
@@ -101,7 +105,8 @@ class BrokerConnection:
         """Accept a message. `on_stored` runs once it may be receipted. May pause the producer."""
         destination = self._destination(message.destination)
         broker = self.broker
-        dedup_id = message.headers.get(DEDUP_ID)
+        headers = message.headers
+        dedup_id = headers.get(DEDUP_ID)
         if dedup_id is not None and dedup_id in destination.dedup:
             # Seen within the window: acknowledged to the producer and dropped.
             broker.count("duplicates_dropped")
@@ -119,6 +124,9 @@ class BrokerConnection:
             return self._check_flow(destination)
         if dedup_id is not None:
             destination.dedup.add(dedup_id)
+        stream_id = headers.get(STREAM_ID)
+        if stream_id is not None:
+            self._track_stream(destination.name, stream_id, closes_group(headers))
         if message.persistent:
             broker.track_write(message)
 
@@ -130,6 +138,35 @@ class BrokerConnection:
         else:
             destination.accept(message, on_stored)
         return self._check_flow(destination)
+
+    def _track_stream(self, destination: str, stream_id: str, ends: bool) -> None:
+        """Remember live (non-transacted) streams this connection is sending, to abort them if
+        it dies or goes quiet."""
+        key = (destination, stream_id)
+        streams = self.open_streams
+        if ends:
+            streams.pop(key, None)
+            if not streams:
+                self.broker.streaming.discard(self)
+            return
+        if key not in streams:
+            limit = self.broker.limits.max_open_streams_per_connection
+            if len(streams) >= limit:
+                self.broker.count("limit_max_open_streams_per_connection")
+                raise LimitExceeded("max_open_streams_per_connection", limit, stream_id)
+            self.broker.streaming.add(self)
+        streams[key] = self.broker.now_ms()
+
+    def abort_streams(self, reason: str, older_than_ms: int | None = None) -> None:
+        """Send an abort marker into each open stream (all, or those idle since before
+        `older_than_ms`), so readers fail clearly instead of waiting forever."""
+        for (destination, stream_id), last_ms in list(self.open_streams.items()):
+            if older_than_ms is not None and last_ms >= older_than_ms:
+                continue
+            del self.open_streams[(destination, stream_id)]
+            self.broker.abort_stream(destination, stream_id, reason)
+        if not self.open_streams:
+            self.broker.streaming.discard(self)
 
     def _check_flow(self, destination: Destination) -> None:
         broker = self.broker
@@ -503,6 +540,8 @@ class BrokerConnection:
         if self.closed:
             return
         self.closed = True
+        if self.open_streams:
+            self.abort_streams("the producer disconnected mid-stream")
         for tx in list(self.txs.values()):
             self._rollback(tx)
         self.txs.clear()

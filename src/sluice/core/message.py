@@ -13,6 +13,22 @@ TOPIC_PREFIX = "/topic/"
 GROUP_ID = "JMSXGroupID"
 GROUP_SEQ = "JMSXGroupSeq"
 DEDUP_ID = "x-dedup-id"
+# Streams (DESIGN.md section 7): a stream is a message group whose messages are chunks.
+STREAM_ID = "x-stream-id"
+STREAM_SEQ = "x-stream-seq"
+STREAM_OFFSET = "x-stream-offset"
+STREAM_END = "x-stream-end"
+STREAM_ABORT = "x-stream-abort"
+STREAM_ABORT_REASON = "x-stream-abort-reason"
+
+
+def closes_group(headers: dict[str, str]) -> bool:
+    """Does this message close its group (`JMSXGroupSeq:-1`, the end or abort of a stream)?"""
+    return (
+        headers.get(GROUP_SEQ) == "-1"
+        or headers.get(STREAM_END) == "true"
+        or headers.get(STREAM_ABORT) == "true"
+    )
 
 
 class DestinationKind(enum.Enum):
@@ -90,7 +106,8 @@ class Message(StoredMessage):
             persistent=persistent,
         )
         self.delivery_count = 0
-        self.group_id: str | None = headers.get(GROUP_ID)
+        # A stream chunk without an explicit group belongs to its stream's group.
+        self.group_id: str | None = headers.get(GROUP_ID) or headers.get(STREAM_ID)
         self.in_store = False
         self.wire: bytes | None = None
         # Computed once: credit and memory accounting read it on every dispatch.

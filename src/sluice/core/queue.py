@@ -12,6 +12,17 @@ Once the destination is over its memory limit, new persistent messages stay in t
 as consumers drain `pending`, the next page is read back (`_page_in`). `loaded_seq` is the highest
 sequence brought into memory; everything above it waits in the store.
 
+Evicted messages: a message that waits in memory but cannot be dispatched (its group belongs to a
+consumer without credit) while the queue is over its memory limit is dropped from memory and its
+sequence remembered in `_evicted`; `_page_in` reads such messages back first, so a window full of
+other streams' chunks never hides the chunks a consumer is waiting for. Acknowledged chunks of an
+unfinished stream under the `restart` policy are kept the same way.
+
+Streams (DESIGN.md section 7): when a consumer leaves with a stream open, the destination's
+`stream_policy` decides: `resume` (its unacknowledged chunks go back and the next consumer continues
+from the first of them), `restart` (every chunk since the start comes back, from chunk 0) or
+`discard` (the stream's chunks go to the DLQ).
+
 Dispatch marks: before a message is handed to a consumer, the store must know that messages up to
 its sequence may have been delivered, so that after a crash they come back marked redelivered. The
 queue asks for marks ahead of dispatch, `MARK_STEP` sequences at a time, and dispatches only up to
@@ -27,9 +38,9 @@ from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedDict
 
-from sluice.config import DestinationPolicy
+from sluice.config import DestinationPolicy, StreamPolicy
 from sluice.core.destination import Destination, Services
-from sluice.core.message import GROUP_SEQ, DestinationKind, Message
+from sluice.core.message import STREAM_ID, DestinationKind, Message, closes_group
 from sluice.core.usage import Usage
 
 if TYPE_CHECKING:
@@ -91,6 +102,13 @@ class Queue(Destination):
         self._mark_requested = self.mark_confirmed
         # Recovered messages up to this sequence may have been delivered before the stop.
         self.recovered_mark = 0
+        # Stored messages dropped from memory below `loaded_seq`: sequence -> delivery count.
+        self._evicted: SortedDict = SortedDict()
+        # `restart` streams: the acknowledged chunks kept until the stream's end is acknowledged,
+        # by sequence when the store can give them back, else the messages themselves.
+        self._retained: dict[str, list[tuple[int, Message | None]]] = {}
+        # `discard` streams whose consumer died: their chunks go to the DLQ (bounded, oldest out).
+        self._discarded: OrderedDict[str, None] = OrderedDict()
         self.max_groups = max_groups
         self.concurrent_store_and_dispatch = concurrent_store_and_dispatch
         self.is_dlq = is_dlq
@@ -153,9 +171,32 @@ class Queue(Destination):
         self.usage.add(message.nbytes)
         self.wakeup()
 
+    def _evict(self, key: int, message: Message) -> None:
+        """Drop a stored message from memory; it is read back later by `_page_in`."""
+        del self.pending[key]
+        self.usage.release(message.nbytes)
+        self._evicted[message.seq] = message.delivery_count
+        self.services.count("evicted")
+
+    def _reload_evicted(self) -> int:
+        evicted = self._evicted
+        loaded = 0
+        while evicted and loaded < PAGE_MESSAGES and not self.usage.full:
+            seq, count = evicted.popitem(0)
+            stored = self.store.load(self.name, seq - 1, 1, PAGE_BYTES)
+            if not stored or stored[0].seq != seq:
+                continue  # acknowledged or removed meanwhile
+            message = Message.from_stored(stored[0], count)
+            self.pending[_key(message)] = message
+            self.usage.add(message.nbytes)
+            loaded += 1
+        return loaded
+
     def _page_in(self) -> None:
-        """Read the next page of stored messages into memory."""
+        """Read stored messages back into memory: evicted ones first, then the next page."""
         if self.usage.full:
+            return
+        if self._evicted and self._reload_evicted():
             return
         limit = self._unwritten[0] - 1 if self._unwritten else self.last_seq
         if self.loaded_seq >= limit:
@@ -202,10 +243,23 @@ class Queue(Destination):
         super().add_subscription(sub)
 
     def remove_subscription(self, sub: Subscription) -> None:
-        """A consumer left: release its groups; the next exclusive consumer takes over."""
+        """A consumer left: release its groups (applying the stream policy to open streams); the
+        next exclusive consumer takes over."""
+        policy = self.policy.stream_policy
         for group_id in sub.groups:
             if self.groups.get(group_id) is sub:
                 del self.groups[group_id]
+            if policy is StreamPolicy.RESTART:
+                # Every chunk since the start comes back: the next consumer starts at chunk 0.
+                for seq, kept in self._retained.pop(group_id, ()):
+                    if kept is None:
+                        self._evicted[seq] = 1
+                    else:
+                        self.pending[_key(kept)] = kept
+            elif policy is StreamPolicy.DISCARD and self._is_stream(group_id):
+                self._discarded[group_id] = None
+                if len(self._discarded) > self.max_groups:
+                    self._discarded.popitem(last=False)
         sub.groups.clear()
         super().remove_subscription(sub)
         if self.exclusive_owner is sub:
@@ -215,11 +269,36 @@ class Queue(Destination):
     def settle(self, sub: Subscription, message: Message, *, store_removed: bool = False) -> None:
         """An acknowledged message leaves the queue for good (`store_removed` when a committed
         transaction already removed it from the store)."""
+        group_id = message.group_id
+        closing = group_id is not None and closes_group(message.headers)
+        if (
+            group_id is not None
+            and self.policy.stream_policy is StreamPolicy.RESTART
+            and not store_removed
+            and STREAM_ID in message.headers
+        ):
+            # Kept until the stream's end is acknowledged: a new consumer may need it again.
+            retained = self._retained.setdefault(group_id, [])
+            if closing:
+                for seq, kept in retained:
+                    if kept is None or kept.in_store:
+                        self.store.remove(self.name, seq)
+                    if kept is not None:
+                        self.usage.release(kept.nbytes)
+                del self._retained[group_id]
+            else:
+                if message.in_store and self.store_pages:
+                    retained.append((message.seq, None))
+                    self.usage.release(message.nbytes)
+                else:
+                    retained.append((message.seq, message))
+                self.wakeup()
+                return
         if message.in_store and not store_removed:
             self.store.remove(self.name, message.seq)
         self.usage.release(message.nbytes)
-        group_id = message.group_id
-        if group_id is not None and message.headers.get(GROUP_SEQ) == "-1":
+        if closing:
+            assert group_id is not None
             self._close_group(group_id)
         self.wakeup()
 
@@ -257,6 +336,9 @@ class Queue(Destination):
         return len(expired)
 
     # -- groups ---------------------------------------------------------------------------------
+
+    def _is_stream(self, group_id: str) -> bool:
+        return any(m.group_id == group_id and STREAM_ID in m.headers for m in self.pending.values())
 
     def _close_group(self, group_id: str) -> None:
         owner = self.groups.pop(group_id, None)
@@ -329,7 +411,7 @@ class Queue(Destination):
     def dispatch(self) -> None:
         """One pass: give pending messages to ready consumers."""
         pending = self.pending
-        if self.store_pages and len(pending) < PAGE_MESSAGES // 2:
+        if (self.store_pages and len(pending) < PAGE_MESSAGES // 2) or self._evicted:
             self._page_in()
         if not pending or not self.subscriptions:
             return
@@ -339,6 +421,8 @@ class Queue(Destination):
         now_ms = self.services.now_ms()
         taken: list[int] = []
         expired: list[tuple[int, Message]] = []
+        discarded: list[tuple[int, Message]] = []
+        skipped: list[tuple[int, Message]] = []
         # Without selectors, groups or an exclusive owner, a message nobody takes means nobody
         # can take any: stop at the first refusal.
         delivered = 0
@@ -347,6 +431,9 @@ class Queue(Destination):
                 break
             if message.expires_ms and message.expired(now_ms):
                 expired.append((key, message))
+                continue
+            if self._discarded and message.group_id in self._discarded:
+                discarded.append((key, message))
                 continue
             if message.seq > self.mark_confirmed:
                 # The store must know this message may be delivered before it is.
@@ -361,6 +448,8 @@ class Queue(Destination):
                 self._request_mark(self.mark_confirmed)
             sub = self._choose(message, ready)
             if sub is None:
+                if message.in_store:
+                    skipped.append((key, message))
                 if (
                     self._has_selectors
                     or message.group_id is not None
@@ -381,6 +470,19 @@ class Queue(Destination):
             del pending[key]
             self._drop(message)
             self.services.dead_letter(message, "expired")
+        for key, message in discarded:
+            del pending[key]
+            self._drop(message)
+            self.services.dead_letter(
+                message, "stream consumer died mid-stream (stream_policy=discard)"
+            )
+            if closes_group(message.headers) and message.group_id is not None:
+                self._discarded.pop(message.group_id, None)
+        if not delivered and skipped and self.usage.full and self.store_pages:
+            # Nothing here can go anywhere and memory is full: make room for what can.
+            for key, message in skipped:
+                self._evict(key, message)
+            self.wakeup()
         if delivered >= DELIVER_LIMIT and ready and pending:
             self.wakeup()
 
