@@ -33,6 +33,7 @@ Strings are UTF-8 with a length prefix: `str16` = u16 length + bytes, `str32` = 
     13 DEST_STATE     last_seq u64 | dispatch_mark u64 | id_count u32 | destination str16 |
                       id_count x dedup_id str16
     14 CHECKPOINT     file_no u32 | offset u64 | time_ms u64
+    15 DEST_SEQ       seq u64 | destination str16   (last sequence is at least seq)
 
 `txno` 0 means "not transacted". Transaction numbers are the store's own, unique for the life of
 the journal; TX_BEGIN maps one to the client's transaction id for tools. Decoders check every
@@ -95,6 +96,7 @@ class RecordType(enum.IntEnum):
     DISPATCH_MARK = 12
     DEST_STATE = 13
     CHECKPOINT = 14
+    DEST_SEQ = 15
 
 
 VALID_TYPES = frozenset(int(t) for t in RecordType)
@@ -227,6 +229,15 @@ class DestState:
 
 
 @dataclass(frozen=True, slots=True)
+class DestSeq:
+    """The destination's last sequence is at least `seq` (adds cancelled before their write
+    still used their sequences; written at the next checkpoint)."""
+
+    destination: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     """The index was committed with the journal complete up to this position."""
 
@@ -249,6 +260,7 @@ Record = (
     | DestDelete
     | DispatchMark
     | DestState
+    | DestSeq
     | Checkpoint
 )
 
@@ -495,6 +507,10 @@ def encode(record: Record) -> tuple[int, bytes]:
         ]
         parts.extend(_str16(i) for i in record.dedup_ids)
         return RecordType.DEST_STATE, b"".join(parts)
+    if isinstance(record, DestSeq):
+        return RecordType.DEST_SEQ, _U64.pack(_check_u64(record.seq, "seq")) + _str16(
+            record.destination
+        )
     if isinstance(record, Checkpoint):
         return RecordType.CHECKPOINT, _U32_U64_U64.pack(
             record.file_no, record.offset, record.time_ms
@@ -554,6 +570,9 @@ def decode(rtype: int, payload: bytes | memoryview) -> Record:
         if count * 2 > r.end - r.pos:
             raise FormatError(f"dedup id count {count} exceeds the payload")
         record = DestState(destination, last_seq, mark, tuple(r.str16() for _ in range(count)))
+    elif rtype == RecordType.DEST_SEQ:
+        (seq,) = r.fixed(_U64)
+        record = DestSeq(r.str16(), seq)
     elif rtype == RecordType.CHECKPOINT:
         file_no, offset, time_ms = r.fixed(_U32_U64_U64)
         record = Checkpoint(file_no, offset, time_ms)

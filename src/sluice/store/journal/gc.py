@@ -157,7 +157,7 @@ def _copy_ops(writer: Writer, targets: list[int]) -> list[Op]:
             prefix_bytes, body, meta = fmt.encode_add(message, copy=True)
             ops.append(Op(fmt.RecordType.ADD, meta, [prefix_bytes, body], None))
     for sub in state.subs.values():
-        if sub.pin in wanted:
+        if sub.pin in wanted or sub.put_pin in wanted:
             ops.append(
                 Op.of(
                     fmt.SubPut(sub.client_id, sub.name, sub.destination, sub.selector, sub.cursor)

@@ -43,7 +43,7 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 MSG_VALUE = struct.Struct("<IQIIQI")
 _DEST = struct.Struct("<QQQQQIII")
-_SUB = struct.Struct("<QIIB")
+_SUB = struct.Struct("<QIIIB")
 _FILE = struct.Struct("<QQQQQI")
 _TX_ADD = struct.Struct("<IQIIQ")
 _TX_REMOVE = struct.Struct("<QI")
@@ -167,7 +167,8 @@ class SubInfo:
     destination: str
     selector: str | None
     cursor: int
-    pin: int = 0  # file of its current record (SUB_PUT or SUB_CURSOR)
+    pin: int = 0  # file of the record that set the current cursor (SUB_PUT or SUB_CURSOR)
+    put_pin: int = 0  # file of the SUB_PUT that created it: a cursor alone cannot
     files: set[int] = field(default_factory=set)
 
     def encode(self) -> bytes:
@@ -176,7 +177,7 @@ class SubInfo:
         texts = [self.client_id, self.name, self.destination, self.selector or ""]
         encoded = b"".join(_U32.pack(len(b)) + b for b in (t.encode("utf-8") for t in texts))
         return (
-            _SUB.pack(self.cursor, self.pin, len(files), self.selector is not None)
+            _SUB.pack(self.cursor, self.pin, self.put_pin, len(files), self.selector is not None)
             + struct.pack(f"<{len(files)}I", *files)
             + encoded
         )
@@ -185,7 +186,7 @@ class SubInfo:
     def decode(cls, data: bytes | memoryview) -> SubInfo:
         """Parse a `subs` value."""
         try:
-            cursor, pin, n, has_selector = _SUB.unpack_from(data, 0)
+            cursor, pin, put_pin, n, has_selector = _SUB.unpack_from(data, 0)
             pos = _SUB.size
             files = struct.unpack_from(f"<{n}I", data, pos)
             pos += 4 * n
@@ -200,7 +201,7 @@ class SubInfo:
         except (struct.error, UnicodeDecodeError) as exc:
             raise IndexCorrupt("bad subscription entry") from exc
         selector = texts[3] if has_selector else None
-        return cls(texts[0], texts[1], texts[2], selector, cursor, pin, set(files))
+        return cls(texts[0], texts[1], texts[2], selector, cursor, pin, put_pin, set(files))
 
 
 @dataclass(slots=True)

@@ -63,6 +63,7 @@ class JournalState:
         self._dirty_files: set[int] = set()
         self._dirty_dedup: set[str] = set()
         self._dedup_saved: dict[str, int] = {}
+        self._cancelled_seqs: dict[str, int] = {}
         self._db = index.dbs
 
     @property
@@ -274,7 +275,30 @@ class JournalState:
             info.files.add(file_no)
         elif isinstance(record, fmt.DestState):
             self._dest_state(record, file_no)
+        elif isinstance(record, fmt.DestSeq):
+            info = self._dest(record.destination)
+            if record.seq > info.last_seq:
+                info.last_seq = record.seq
+                info.seq_pin = self._move_pin(info.seq_pin, file_no)
+                info.files.add(file_no)
         # FILE_HEADER and CHECKPOINT change nothing.
+
+    def note_cancelled(self, name: str, seq: int) -> None:
+        """An add was cancelled before it was written; its sequence was used all the same, so
+        the next checkpoint writes a DEST_SEQ for it (`take_cancelled_seqs`)."""
+        info = self.dests.get(name)
+        if (info is None or seq > info.last_seq) and seq > self._cancelled_seqs.get(name, 0):
+            self._cancelled_seqs[name] = seq
+
+    def take_cancelled_seqs(self) -> list[fmt.DestSeq]:
+        """The DEST_SEQ records the next checkpoint must write."""
+        out = [
+            fmt.DestSeq(name, seq)
+            for name, seq in self._cancelled_seqs.items()
+            if name not in self.dests or seq > self.dests[name].last_seq
+        ]
+        self._cancelled_seqs.clear()
+        return out
 
     def _dest(self, name: str) -> DestInfo:
         info = self.dests.get(name)
@@ -479,6 +503,7 @@ class JournalState:
             sub.selector = record.selector
             sub.cursor = record.cursor
         sub.pin = self._move_pin(sub.pin, file_no)
+        sub.put_pin = self._move_pin(sub.put_pin, file_no)
         sub.files.add(file_no)
         self._dirty_subs.add(key)
 
@@ -498,6 +523,7 @@ class JournalState:
         if sub is None:
             return
         self._unpin(sub.pin)
+        self._unpin(sub.put_pin)
         self._add_deps(file_no, sub.files)
         self._dirty_subs.add(key)
 
@@ -510,6 +536,9 @@ class JournalState:
             if pin:
                 self._unpin(pin)
         self._dedup_clear(name)
+        # A destination created again restarts its window ordinals: drop the old keys now.
+        self._flush_dedup(name)
+        self._dirty_dedup.discard(name)
         self._add_deps(file_no, info.files)
         del self.dests[name]
         self._dirty_dests.add(name)

@@ -282,6 +282,15 @@ class Writer:
             self.stats.batches += 1
         self._deliver(handles)
         self._apply(ops)
+        for op in batch:
+            record = op.record
+            if (
+                isinstance(record, fmt.AddMeta)
+                and not record.txno
+                and op.handle is not None
+                and op.handle.state is WriteState.CANCELLED
+            ):
+                self.state.note_cancelled(record.destination, record.seq)
 
     def write(self, ops: Sequence[Op]) -> None:
         """Append the ops' records, rolling over as needed; sets each op's location."""
@@ -385,6 +394,10 @@ class Writer:
     def checkpoint(self, *, write_marker: bool = True) -> None:
         """Commit the index with the journal complete (and synced) up to the head position."""
         head = self.head
+        seq_ops = [Op.of(record) for record in self.state.take_cancelled_seqs()]
+        if seq_ops:
+            self.write(seq_ops)
+            self._apply(seq_ops)
         position = (head.file_no, head.offset)
         if position == self._cp_position and not self.state.dirty:
             return
