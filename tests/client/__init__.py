@@ -1,0 +1,1 @@
+"""Tests of the Sluice client against a scripted STOMP server."""
