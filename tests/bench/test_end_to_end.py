@@ -81,3 +81,17 @@ def test_unreachable_broker_fails_with_a_reason(
     code = main(["bench", "throughput", "--count", "10", "--broker", f"127.0.0.1:{port}"])
     assert code == 1
     assert "refused" in capsys.readouterr().err.lower()
+
+
+def test_timeout_ends_the_run_with_exit_1(
+    broker: RunningBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "result.json"
+    argv = ["bench", "throughput", "--count", "10000000", "--size", "64", "--timeout", "1.5"]
+    code = main([*argv, "--broker", broker.address, "--json", str(out)])
+    assert code == 1
+    assert "timed out" in capsys.readouterr().err
+    results = json.loads(out.read_text())["results"]
+    assert not results["ok"]
+    # What did arrive before the deadline was still verified: nothing twice.
+    assert results["verification"]["duplicates"] == 0

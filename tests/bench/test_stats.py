@@ -9,6 +9,7 @@ import pytest
 from sluice.bench.stats import (
     LatencyHistogram,
     SeenTracker,
+    Verification,
     bucket_bounds,
     bucket_index,
     percentile,
@@ -179,3 +180,15 @@ def test_malformed_tracker_is_refused() -> None:
 def test_trackers_must_agree_on_counts() -> None:
     with pytest.raises(ValueError):
         verify([SeenTracker([1]), SeenTracker([2])], [1])
+
+
+def test_unsent_messages_are_not_counted_missing() -> None:
+    per_producer = [10, 4]
+    tracker = _tracker(per_producer, [(0, 0), (0, 2), (1, 0), (1, 1), (1, 2), (1, 3)])
+    result = verify([tracker], per_producer, sent=[3, 4])
+    assert result.unsent == 7
+    assert result.missing == 1
+    assert result.missing_examples == {0: [1]}
+    assert not result.ok
+    assert verify([tracker], per_producer).missing == 8
+    assert Verification.from_dict(result.to_dict()) == result

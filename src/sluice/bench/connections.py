@@ -406,6 +406,8 @@ def run_connections(args: argparse.Namespace) -> int:
         rss_peak = _hold(pool, args.duration, pid)
     except RunAborted as exc:
         reason = str(exc)
+    except KeyboardInterrupt:
+        reason = "interrupted"
     finally:
         pool.finish(join_s=_DISCONNECT_GRACE_S)
     results = [w.result for w in pool.workers if w.result is not None]

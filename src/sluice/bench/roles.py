@@ -12,6 +12,12 @@ message that should have been sent meanwhile (no coordinated omission).
 
 Consumers acknowledge in batches: in `client` mode one cumulative ACK per `ack_every` messages
 (and on a timer), in `client-individual` mode one ACK per message written together per batch.
+`client` is the default: every broker supports it the same way (ActiveMQ and Sluice acknowledge up
+to the named message on the subscription, RabbitMQ acks "multiple"), it costs one frame per batch,
+and unlike `auto` it keeps the broker's per-consumer credit (`activemq.prefetchSize`,
+`prefetch-count`) in force, so no broker is measured pushing into an unbounded socket buffer.
+`ack_every` stays at or below the prefetch (half of it by default) so credit never runs out while
+an ACK is on its way.
 """
 
 from __future__ import annotations

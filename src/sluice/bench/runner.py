@@ -284,6 +284,8 @@ def run_clients(plan: ClientsPlan) -> ClientsOutcome:
             )
     except RunAborted as exc:
         outcome.reason = str(exc)
+    except KeyboardInterrupt:
+        outcome.reason = "interrupted"
     finally:
         pool.finish()
     for worker in pool.workers:

@@ -210,6 +210,8 @@ class Verification:
     expected: int = 0
     received: int = 0
     missing: int = 0
+    # Messages the producers never sent (a run cut short); not a broker fault, but not a pass.
+    unsent: int = 0
     duplicates: int = 0
     unexpected: int = 0
     corrupt: int = 0
@@ -219,7 +221,9 @@ class Verification:
     @property
     def ok(self) -> bool:
         """True when every message arrived exactly once and nothing else arrived."""
-        return not (self.missing or self.duplicates or self.unexpected or self.corrupt)
+        return not (
+            self.missing or self.unsent or self.duplicates or self.unexpected or self.corrupt
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe form."""
@@ -228,11 +232,26 @@ class Verification:
             "expected": self.expected,
             "received": self.received,
             "missing": self.missing,
+            "unsent": self.unsent,
             "duplicates": self.duplicates,
             "unexpected": self.unexpected,
             "corrupt": self.corrupt,
             "missing_examples": {str(k): v for k, v in self.missing_examples.items()},
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verification:
+        """Rebuild a verdict from `to_dict` output."""
+        return cls(
+            expected=int(data["expected"]),
+            received=int(data["received"]),
+            missing=int(data["missing"]),
+            unsent=int(data["unsent"]),
+            duplicates=int(data["duplicates"]),
+            unexpected=int(data["unexpected"]),
+            corrupt=int(data["corrupt"]),
+            missing_examples={int(k): list(v) for k, v in data["missing_examples"].items()},
+        )
 
 
 def _missing_seqs(marks: bytes, limit: int) -> list[int]:
@@ -245,15 +264,26 @@ def _missing_seqs(marks: bytes, limit: int) -> list[int]:
 
 
 def verify(
-    trackers: Iterable[SeenTracker], per_producer: Sequence[int], *, every_consumer: bool = False
+    trackers: Iterable[SeenTracker],
+    per_producer: Sequence[int],
+    *,
+    every_consumer: bool = False,
+    sent: Sequence[int] | None = None,
 ) -> Verification:
     """Merge consumers' trackers into one verdict.
 
     On a queue (`every_consumer` False) each message must reach exactly one consumer; on a topic
-    (`every_consumer` True) each consumer must receive every message exactly once.
+    (`every_consumer` True) each consumer must receive every message exactly once. `sent[i]`, if
+    given, is how many messages producer i sent (its sequences 0..sent[i]-1): the rest count as
+    unsent, not missing.
     """
     parts = list(trackers)
     result = Verification()
+    sent_counts = (
+        list(per_producer)
+        if sent is None
+        else [min(s, n) for s, n in zip(sent, per_producer, strict=True)]
+    )
     for part in parts:
         if list(part.per_producer) != list(per_producer):
             raise ValueError("trackers disagree on the number of messages per producer")
@@ -274,11 +304,14 @@ def verify(
                 bits = int.from_bytes(part.seen[producer], "little")
                 result.duplicates += (union & bits).bit_count()
                 union |= bits
-            received = union.bit_count()
-            result.received += received
-            if received < count:
-                result.missing += count - received
-                marks = union.to_bytes(count, "little")
+            result.received += union.bit_count()
+            sent_count = sent_counts[producer]
+            result.unsent += count - sent_count
+            # Only the bytes of sequences that were sent: received is at most sent_count.
+            received = (union & ((1 << (8 * sent_count)) - 1)).bit_count()
+            if received < sent_count:
+                result.missing += sent_count - received
+                marks = union.to_bytes(count, "little")[:sent_count]
                 examples = result.missing_examples.setdefault(producer, [])
                 examples.extend(_missing_seqs(marks, _MAX_LISTED - len(examples)))
     return result

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import resource
+import signal
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -224,6 +225,8 @@ async def run_worker(conn: Connection, spec: dict[str, Any]) -> None:
 
 def worker_main(conn: Connection, spec_json: str) -> None:
     """Entry point of a spawned worker process."""
+    # Ctrl-C reaches the whole process group; the coordinator decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     spec: dict[str, Any] = json.loads(spec_json)
     logging.basicConfig(level=spec.get("log_level", logging.WARNING))
     raise_open_files_limit()
