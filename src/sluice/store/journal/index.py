@@ -385,6 +385,23 @@ class Index:
         index.commit()
         return index
 
+    @staticmethod
+    def peek_store_id(index_dir: Path) -> bytes | None:
+        """The store id an existing index records, if it can be read (for repair)."""
+        if not _data_file(index_dir).is_file():
+            return None
+        try:
+            env = lmdb.open(str(index_dir), max_dbs=len(_DBS), readonly=True, lock=False)
+            try:
+                meta = env.open_db(b"meta", create=False)
+                with env.begin() as txn:
+                    value = txn.get(b"store_id", db=meta)
+            finally:
+                env.close()
+        except lmdb.Error:
+            return None
+        return bytes(value) if value is not None and len(value) == 16 else None
+
     def begin_write(self) -> None:
         """Start the write transaction on the calling thread."""
         self.txn = self.env.begin(write=True)

@@ -107,8 +107,12 @@ def recover(
             file_path(journal_dir, files[0]).unlink()
             _note(report, f"{file_path(journal_dir, files[0])}: incomplete new journal removed")
             files = []
+        elif config.repair:
+            store_id = Index.peek_store_id(index_dir) or os.urandom(16)
+            _note(report, "no data file has a valid header: repair rewrites them")
         else:
-            raise CorruptionError("no data file has a valid header", str(journal_dir))
+            first = file_path(journal_dir, files[0])
+            raise CorruptionError("data file header is damaged", str(first), 0)
     new_store = store_id is None
     if store_id is None:
         store_id = os.urandom(16)
@@ -231,6 +235,20 @@ def _replay(
         cut = False
         for item in scan:
             if isinstance(item, Damage):
+                if (
+                    item.offset == 0
+                    and config.repair
+                    and item.resume
+                    in (
+                        None,
+                        fmt.FILE_HEADER_RECORD_BYTES,
+                    )
+                ):
+                    _rewrite_header(path, file_no, store_id, report)
+                    end = fmt.FILE_HEADER_RECORD_BYTES
+                    if item.resume is None:
+                        break
+                    continue
                 if newest and item.resume is None:
                     _cut_tail(path, item, report)
                     end = item.offset
@@ -283,6 +301,17 @@ def _replay(
         sync_on_rollover=True,
         preallocator=None,
     )
+
+
+def _rewrite_header(path: Path, file_no: int, store_id: bytes, report: list[str]) -> None:
+    header = fmt.encode_file_header(file_no, store_id, 0)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, header, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _note(report, f"{path}: damaged file header rewritten by repair")
 
 
 def _cut_tail(path: Path, damage: Damage, report: list[str]) -> None:
