@@ -149,6 +149,14 @@ async def test_timetable_stamps_due_times() -> None:
     assert all(h.sent_ns >= h.intended_ns for h in heads)
 
 
+async def test_large_messages_get_smaller_windows() -> None:
+    link, _ = _link()
+    spec = ProducerSpec(0, "/queue/q", 300 * 1024, count=10, receipt_every=100)
+    assert Producer(spec, link).window == 3
+    small = ProducerSpec(0, "/queue/q", 100, count=10, receipt_every=100)
+    assert Producer(small, link).window == 100
+
+
 def _consumer(ack: str, ack_every: int, version: Version = Version.V1_2) -> tuple[Consumer, Any]:
     link, transport = _link(version)
     spec = ConsumerSpec(0, "/queue/q", 64, per_producer=[10], ack=ack, ack_every=ack_every)

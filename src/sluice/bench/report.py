@@ -168,7 +168,8 @@ def write_json(path: Path, scenario: str, options: dict[str, Any], results: dict
     """Write one run's options and results, with the command line and the machine, as JSON."""
     document = {
         "tool": f"sluice bench {__version__}",
-        "command": " ".join(["sluice", *sys.argv[1:]]) if sys.argv else "",
+        # The command line, when this process was started as `sluice bench ...`.
+        "command": " ".join(["sluice", *sys.argv[1:]]) if "bench" in sys.argv[1:3] else None,
         "scenario": scenario,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {

@@ -1,10 +1,11 @@
 """Producer and consumer: what one bench connection does on the hot path.
 
-Producer flow control: a producer writes its messages in windows of `receipt_every` frames, the
-last frame of each window carrying a `receipt` header, and keeps at most `max_receipts` windows
-unanswered. A broker that accepts slowly answers slowly, so the producer slows down with it instead
-of flooding socket buffers; every broker answers receipts, so the rule is the same for all of
-them. With `receipt_every=1, max_receipts=1` this is the classic synchronous send.
+Producer flow control: a producer writes its messages in windows of `receipt_every` frames (fewer
+for large messages, so a window stays near 1 MiB), the last frame of each window carrying a
+`receipt` header, and keeps at most `max_receipts` windows unanswered. A broker that accepts
+slowly answers slowly, so the producer slows down with it instead of flooding socket buffers;
+every broker answers receipts, so the rule is the same for all of them. With `receipt_every=1,
+max_receipts=1` this is the classic synchronous send.
 
 A producer given a rate follows a timetable: message i is due at start + i / rate and carries that
 due time in its body, so a stall in the broker (or the generator) shows up in the latency of every
@@ -35,6 +36,8 @@ from sluice.stomp import Command, Version, encode_headers, escape_value
 __all__ = ["Consumer", "ConsumerSpec", "Producer", "ProducerSpec"]
 
 ACK_MODES = ("auto", "client", "client-individual")
+# A window of large messages is cut short so that one write stays around this size.
+_MAX_WINDOW_BYTES = 1024 * 1024
 _NS_PER_US = 1000
 _NS_PER_S = 1_000_000_000
 
@@ -96,6 +99,7 @@ class Producer:
         self._plain_head = b"SEND\n" + block + b"\n"
         self._receipt_head = b"SEND\n" + block + b"receipt:"
         self._tail = filler(spec.size) + b"\0"
+        self.window = min(spec.receipt_every, max(1, _MAX_WINDOW_BYTES // spec.size))
         self._outstanding: dict[str, tuple[int, bool]] = {}
         self._room = asyncio.Event()
         self._room.set()
@@ -186,7 +190,7 @@ class Producer:
             self.last_send_ns = now_ns
 
     async def _run_flat_out(self, start: int, end: int, measured: bool) -> None:
-        window = self.spec.receipt_every
+        window = self.window
         prefix = "m" if measured else "w"
         link = self.link
         seq = start
@@ -201,7 +205,7 @@ class Producer:
             seq = stop
 
     async def _run_timetable(self, start: int, end: int, measured: bool) -> None:
-        window = self.spec.receipt_every
+        window = self.window
         interval_ns = _NS_PER_S / self.spec.rate_per_s
         prefix = "m" if measured else "w"
         link = self.link
