@@ -196,19 +196,21 @@ def _flow(p: argparse.ArgumentParser) -> None:
 def add_bench_parser(subparsers: Any) -> None:
     """Add `bench` and its scenarios to the `sluice` command's subparsers."""
     bench = subparsers.add_parser(
-        "bench", help="load-test a STOMP broker", description=__doc__.split("\n\n")[0]
+        "bench",
+        help="load-test a STOMP broker",
+        description="Load-test any STOMP 1.2 broker; every message is verified to arrive once.",
     )
     scenarios = bench.add_subparsers(dest="scenario", required=True)
 
     t = scenarios.add_parser("throughput", help="producers and consumers flat out")
-    t.add_argument("--producers", type=_positive_int, default=1)
-    t.add_argument("--consumers", type=_positive_int, default=1)
+    t.add_argument("--producers", type=_positive_int, default=1, help="producer connections")
+    t.add_argument("--consumers", type=_positive_int, default=1, help="consumer connections")
     _messaging(t, "/queue/bench.throughput", count=100_000)
     _flow(t)
     _common(t)
 
     s = scenarios.add_parser("sync", help="each send waits for its receipt")
-    s.add_argument("--producers", type=_positive_int, default=1)
+    s.add_argument("--producers", type=_positive_int, default=1, help="producer connections")
     s.add_argument("--consumers", type=_positive_int, default=1, help="consumers that drain")
     _messaging(s, "/queue/bench.sync", count=10_000)
     _common(s)
