@@ -457,3 +457,28 @@ def test_subscribe_receipt_on_a_topic_carries_its_offsets(broker: RunningBroker)
     assert receipt.headers["x-first-offset"] == "2"  # nothing is kept: the next one is first
     _send(broker.port, "/topic/offsets", [b"heard"])
     assert c.frame().headers["x-offset"] == "2"
+
+
+def test_connection_limit_is_named_and_counted() -> None:
+    running = start_broker(limits={"max_connections": 2})
+    try:
+        kept = [RawStomp(running.port) for _ in range(2)]
+        for c in kept:
+            c.connect()
+        refused = RawStomp(running.port)
+        error = refused.frame()
+        assert error.command == "ERROR"
+        assert "max_connections=2" in error.headers["message"]
+        assert refused.closed()
+        assert running.stats()["limit_max_connections"] == 1
+        kept[0].close()
+        # A slot freed: a new connection is accepted once the broker saw the close.
+        for _attempt in range(50):
+            again = RawStomp(running.port)
+            again.send(b"CONNECT\naccept-version:1.2\nhost:x\n\n\0")
+            if again.frame().command == "CONNECTED":
+                break
+        else:
+            raise AssertionError("never accepted again")
+    finally:
+        running.stop()

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol
 
 from sluice.config import Config, DestinationPolicy
@@ -370,12 +370,11 @@ class Broker:
         self._write_waiters[key] = producer
         producer.pause_producer(FlowReason.PENDING_WRITES)
 
-    def forget_producer(self, key: Hashable) -> None:
-        """A connection closed: drop it from every wait list."""
+    def forget_producer(self, key: Hashable, usages: Iterable[Usage] = ()) -> None:
+        """A connection closed: drop it from the wait lists it is on."""
         self._write_waiters.pop(key, None)
-        for destination in self.destinations.values():
-            destination.usage.cancel_wait(key)
-        self.usage.cancel_wait(key)
+        for usage in usages:
+            usage.cancel_wait(key)
 
     def snapshot(self) -> dict[str, int]:
         """Counters and gauges, for logs, metrics and tests."""

@@ -26,6 +26,7 @@ from sluice.core.message import (
 from sluice.core.selector import Selector, SelectorError, compile_selector
 from sluice.core.subscription import Link, Subscription
 from sluice.core.topic import Topic
+from sluice.core.usage import Usage
 from sluice.core.wildcard import WildcardError, compile_pattern, is_wildcard
 from sluice.errors import LimitExceeded, RequestError
 from sluice.store.api import WriteHandle
@@ -84,6 +85,8 @@ class BrokerConnection:
         self.wildcard_subs: dict[str, WildcardSubscription] = {}
         self.tags: dict[int, Subscription] = {}
         self.txs: dict[str, Transaction] = {}
+        # The memory usages this connection waits on to drain (at most a few).
+        self._waiting_on: set[Usage] = set()
         # Live streams being sent: (destination, stream id) -> last chunk time (ms).
         self.open_streams: dict[tuple[str, str], int] = {}
         self.closed = False
@@ -184,11 +187,13 @@ class BrokerConnection:
                     broker.usage.limit_bytes,
                 )
             usage.wait(self, self._resume_memory)
+            self._waiting_on.add(usage)
             self.link.pause_producer(FlowReason.MEMORY)
         if broker.writes_backed_up():
             broker.wait_for_writes(self, self.link)
 
     def _resume_memory(self) -> None:
+        self._waiting_on.clear()
         if not self.closed:
             self.link.resume_producer(FlowReason.MEMORY)
 
@@ -551,4 +556,5 @@ class BrokerConnection:
         for wildcard in list(self.wildcard_subs.values()):
             self._drop_wildcard(wildcard)
         self.wildcard_subs.clear()
-        self.broker.forget_producer(self)
+        self.broker.forget_producer(self, self._waiting_on)
+        self._waiting_on.clear()

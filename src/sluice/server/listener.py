@@ -61,8 +61,6 @@ class BrokerServer:
         return self._authenticate(login, passcode)
 
     def _new_session(self) -> StompSession:
-        if len(self.sessions) >= self.config.limits.max_connections:
-            self.broker.count("limit_max_connections")
         return StompSession(self)
 
     async def start(self) -> None:

@@ -130,6 +130,12 @@ class StompSession(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.log = _SessionLog(log, {"conn": id(self) % 100000, "peer": peer})
+        limit = limits.max_connections
+        if len(self.server.sessions) >= limit:
+            self.broker.count("limit_max_connections")
+            self.log.warning("refusing a connection: limit max_connections=%d reached", limit)
+            self._fail(CloseReason.LIMIT, f"limit max_connections={limit} reached")
+            return
         self.server.sessions.add(self)
         self._timer = self.loop.call_later(self.server.connect_timeout_s, self._connect_timeout)
 
