@@ -94,24 +94,26 @@ class Message(StoredMessage):
         priority: int = 4,
         persistent: bool = False,
     ) -> None:
-        super().__init__(
-            destination,
-            seq,
-            message_id,
-            timestamp_ms,
-            headers,
-            body,
-            expires_ms=expires_ms,
-            priority=priority,
-            persistent=persistent,
-        )
+        # Set directly rather than through StoredMessage.__init__: this runs once per message.
+        self.destination = destination
+        self.seq = seq
+        self.message_id = message_id
+        self.timestamp_ms = timestamp_ms
+        self.headers = headers
+        self.body = body
+        self.expires_ms = expires_ms
+        self.priority = priority
+        self.persistent = persistent
         self.delivery_count = 0
         # A stream chunk without an explicit group belongs to its stream's group.
         self.group_id: str | None = headers.get(GROUP_ID) or headers.get(STREAM_ID)
         self.in_store = False
         self.wire: bytes | None = None
         # Computed once: credit and memory accounting read it on every dispatch.
-        self.nbytes = self.size
+        nbytes = len(body)
+        for key, value in headers.items():
+            nbytes += len(key) + len(value) + 2
+        self.nbytes = nbytes
 
     @classmethod
     def from_stored(cls, stored: StoredMessage, delivery_count: int = 0) -> Message:

@@ -59,6 +59,9 @@ _FLOW_TO_PAUSE = {
 
 _ACK_MODES = {m.value: m for m in AckMode}
 
+# Bodies smaller than this are copied into the frame's buffer; larger ones are written as they are.
+_COPY_BODY_BELOW = 64 * 1024
+
 
 class _Receipt:
     """A receipt waiting its turn: sent once `done` and every receipt before it is sent."""
@@ -457,12 +460,16 @@ class StompSession(asyncio.Protocol):
                 delivery_count,
             )
         out = self._out
+        body = message.body
         if delivery_count > 1:
-            out.append(head + b"redelivered:true\n" + common)
+            head += b"redelivered:true\n"
+        if len(body) < _COPY_BODY_BELOW:
+            # One buffer per frame: cheaper than three for the transport to gather.
+            out.append(b"".join((head, common, body, b"\x00")))
         else:
             out.append(head + common)
-        out.append(message.body)
-        out.append(b"\x00")
+            out.append(body)
+            out.append(b"\x00")
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
