@@ -195,20 +195,25 @@ def _run_recv(args: argparse.Namespace) -> int:
 
 
 def _run_store(args: argparse.Namespace) -> int:
-    from sluice.store.journal import tools  # noqa: PLC0415
+    from sluice.store.journal import tools  # noqa: PLC0415 - offline tools only
 
+    data_dir: Path = args.data_dir
+    if not (data_dir / "journal").is_dir():
+        print(f"sluice store: {data_dir} has no journal/ directory", file=sys.stderr)
+        return EXIT_FAILURE
     action = args.action
+    if action == "dump":
+        tools.dump(data_dir, sys.stdout)
+        return EXIT_OK
     if action == "verify":
-        result = tools.verify(args.data_dir)
-    elif action == "dump":
-        result = tools.dump(args.data_dir, sys.stdout)
-    elif action == "rebuild-index":
-        result = tools.rebuild_index(args.data_dir)
-    else:
-        result = tools.compact(args.data_dir)
-    for line in getattr(result, "lines", []):
-        print(line)
-    return EXIT_OK if getattr(result, "ok", True) else EXIT_FAILURE
+        report = tools.verify(data_dir)
+        print("\n".join(report.lines))
+        return EXIT_OK if report.ok else EXIT_FAILURE
+    if action == "rebuild-index":
+        print("\n".join(tools.rebuild_index(data_dir).lines))
+        return EXIT_OK
+    print("\n".join(tools.compact(data_dir).lines()) or "nothing to compact")
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -241,4 +246,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_FAILURE
     parser.error(f"unknown command {args.command}")
-    return EXIT_USAGE
