@@ -10,7 +10,7 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,24 +216,28 @@ def _run_store(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _run_bench(args: argparse.Namespace) -> int:
+    from sluice.bench.cli import run_bench  # noqa: PLC0415 - keeps start-up light
+
+    return run_bench(args)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "broker": _run_broker,
+    "send": _run_send,
+    "recv": _run_recv,
+    "store": _run_store,
+    "bench": _run_bench,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
     try:
-        if args.command == "broker":
-            return _run_broker(args)
-        if args.command == "send":
-            return _run_send(args)
-        if args.command == "recv":
-            return _run_recv(args)
-        if args.command == "store":
-            return _run_store(args)
-        if args.command == "bench":
-            from sluice.bench.cli import run_bench  # noqa: PLC0415
-
-            return run_bench(args)
+        return _COMMANDS[args.command](args)
     except _UsageError as exc:
         print(f"sluice: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -245,4 +249,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_FAILURE
-    parser.error(f"unknown command {args.command}")
