@@ -407,11 +407,26 @@ def encode_add(
 
 def decode_add_meta(payload: bytes | memoryview) -> AddMeta:
     """The index fields of an ADD payload, without decoding headers or copying the body."""
-    r = _Reader(payload)
-    flags, _prio, txno, ordinal, seq, ts, _exp, size = r.fixed(_ADD_PREFIX)
-    destination = r.str16()
-    r.str16()
-    dedup_id = r.str16()
+    end = len(payload)
+    if end < _ADD_PREFIX.size:
+        raise FormatError("truncated ADD payload")
+    flags, _prio, txno, ordinal, seq, ts, _exp, size = _ADD_PREFIX.unpack_from(payload, 0)
+    pos = _ADD_PREFIX.size
+    texts = []
+    for _ in range(3):  # destination, message id, dedup id
+        if pos + 2 > end:
+            raise FormatError("truncated ADD payload")
+        length = payload[pos] | payload[pos + 1] << 8
+        pos += 2
+        if pos + length > end:
+            raise FormatError(f"length {length} at byte {pos} exceeds the payload")
+        texts.append(payload[pos : pos + length])
+        pos += length
+    try:
+        destination = str(texts[0], "utf-8")
+        dedup_id = str(texts[2], "utf-8") if texts[2] else ""
+    except UnicodeDecodeError as exc:
+        raise FormatError("invalid UTF-8 in ADD payload") from exc
     return AddMeta(destination, seq, txno, ordinal, size, ts, dedup_id, bool(flags & FLAG_COPY))
 
 

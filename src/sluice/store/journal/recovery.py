@@ -264,7 +264,15 @@ def _replay(
                     f"{item.dropped_bytes} bytes lost ({item.reason})",
                 )
                 continue
-            record = fmt.decode(item.rtype, item.payload)
+            try:
+                record = fmt.decode(item.rtype, item.payload)
+            except fmt.FormatError as exc:
+                if not config.repair:
+                    raise CorruptionError(
+                        f"malformed journal record: {exc}", str(path), item.offset
+                    ) from exc
+                _note(report, f"{path}: malformed record skipped by repair at {item.offset}")
+                continue
             if item.offset == 0:
                 if not (
                     isinstance(record, fmt.FileHeader)

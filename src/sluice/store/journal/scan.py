@@ -70,8 +70,9 @@ def last_nonzero_end(data: bytes, start: int) -> int:
     return start
 
 
-def check_record(data: bytes, offset: int) -> tuple[int, int, str]:
-    """Validate the record at `offset`: (type, whole length, "") or (0, 0, reason)."""
+def check_record(data: bytes, offset: int, *, layout: bool = True) -> tuple[int, int, str]:
+    """Validate the record at `offset`: (type, whole length, "") or (0, 0, reason). Without
+    `layout` the payload is only checksummed (its reader decodes it anyway)."""
     size = len(data)
     if size - offset < fmt.HEADER_BYTES:
         return 0, 0, "truncated record header"
@@ -84,6 +85,8 @@ def check_record(data: bytes, offset: int) -> tuple[int, int, str]:
     view = memoryview(data)[start : start + length]
     if fmt.payload_crc(rtype, view) != crc:
         return 0, 0, "checksum mismatch"
+    if not layout:
+        return rtype, fmt.HEADER_BYTES + length, ""
     try:
         if rtype == fmt.RecordType.ADD:
             fmt.decode_add(view)
@@ -140,7 +143,7 @@ class FileScan:
                     break  # the preallocated zero tail: not damage
                 damage = self._damage(pos, nonzero, "data after the end-of-data mark")
             else:
-                rtype, length, reason = check_record(data, pos)
+                rtype, length, reason = check_record(data, pos, layout=False)
                 if rtype:
                     start = pos + fmt.HEADER_BYTES
                     yield ScannedRecord(pos, rtype, view[start : pos + length], length)
