@@ -414,16 +414,32 @@ class BrokerConnection:
             raise RequestError(f"no message awaiting acknowledgement with ack id {tag}")
         return sub
 
-    def ack(self, tag: int, txid: str | None = None) -> None:
-        """Acknowledge a delivery (cumulatively for `client` subscriptions)."""
+    def ack(
+        self,
+        tag: int,
+        txid: str | None = None,
+        on_durable: Callable[[], None] | None = None,
+    ) -> None:
+        """Acknowledge a delivery (cumulatively for `client` subscriptions). `on_durable` runs
+        once the acknowledgement is on disk (the removals written), or at COMMIT's write."""
         sub = self._lookup(tag)
         tx = self._tx(txid) if txid is not None else None
         taken = self._take(sub, tag)
         destination = sub.destination
         if tx is None:
+            on_removed = None
+            if on_durable is not None:
+                remaining = len(taken)
+
+                def on_removed(handle: WriteHandle | None) -> None:
+                    nonlocal remaining
+                    remaining -= 1
+                    if remaining == 0:
+                        on_durable()
+
             for t, message in taken:
                 sub.inflight_counts.pop(t, None)
-                destination.settle(sub, message)
+                destination.settle(sub, message, on_removed=on_removed)
             return
         store = self.broker.store
         for t, message in taken:
@@ -431,6 +447,8 @@ class BrokerConnection:
             if message.in_store and destination.kind is DestinationKind.QUEUE:
                 store.remove(destination.name, message.seq, None, tx.store_id)
         destination.wakeup()
+        if on_durable is not None:
+            on_durable()
 
     def nack(self, tag: int, txid: str | None = None) -> None:
         """Reject a delivery: it is redelivered, or dead-lettered past max_redeliveries."""

@@ -125,8 +125,16 @@ class Destination:
         """The transaction's commit is written: the message becomes visible."""
         raise NotImplementedError
 
-    def settle(self, sub: Subscription, message: Message, *, store_removed: bool = False) -> None:
-        """A delivered message was acknowledged."""
+    def settle(
+        self,
+        sub: Subscription,
+        message: Message,
+        *,
+        store_removed: bool = False,
+        on_removed: Callable[[WriteHandle | None], None] | None = None,
+    ) -> None:
+        """A delivered message was acknowledged. `on_removed` runs once its removal is durable
+        (at once when there is nothing to write)."""
         raise NotImplementedError
 
     def requeue(

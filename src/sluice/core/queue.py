@@ -266,7 +266,14 @@ class Queue(Destination):
             self.exclusive_owner = next((s for s in self.subscriptions if s.exclusive), None)
         self._has_selectors = any(s.selector is not None for s in self.subscriptions)
 
-    def settle(self, sub: Subscription, message: Message, *, store_removed: bool = False) -> None:
+    def settle(
+        self,
+        sub: Subscription,
+        message: Message,
+        *,
+        store_removed: bool = False,
+        on_removed: Callable[[WriteHandle | None], None] | None = None,
+    ) -> None:
         """An acknowledged message leaves the queue for good (`store_removed` when a committed
         transaction already removed it from the store)."""
         group_id = message.group_id
@@ -292,10 +299,14 @@ class Queue(Destination):
                     self.usage.release(message.nbytes)
                 else:
                     retained.append((message.seq, message))
+                if on_removed is not None:
+                    on_removed(None)
                 self.wakeup()
                 return
         if message.in_store and not store_removed:
-            self.store.remove(self.name, message.seq)
+            self.store.remove(self.name, message.seq, on_removed)
+        elif on_removed is not None:
+            on_removed(None)
         self.usage.release(message.nbytes)
         if closing:
             assert group_id is not None

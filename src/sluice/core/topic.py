@@ -347,8 +347,18 @@ class Topic(Destination):
         super().remove_subscription(sub)
         self._trim()
 
-    def settle(self, sub: Subscription, message: Message, *, store_removed: bool = False) -> None:
-        """A subscriber acknowledged a message: its credit frees; a durable cursor advances."""
+    def settle(
+        self,
+        sub: Subscription,
+        message: Message,
+        *,
+        store_removed: bool = False,
+        on_removed: Callable[[WriteHandle | None], None] | None = None,
+    ) -> None:
+        """A subscriber acknowledged a message: its credit frees; a durable cursor advances (and
+        is persisted with the next write or checkpoint, so `on_removed` runs at once)."""
+        if on_removed is not None:
+            on_removed(None)
         durable = sub.durable
         if durable is not None:
             self._advance_cursor(sub, durable)

@@ -354,9 +354,19 @@ class StompSession(asyncio.Protocol):
         return core.tag_for_message_id(h["message-id"], h.get("subscription"))
 
     def _on_ack(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        core.ack(self._tag(core, frame), frame.headers.get("transaction"))
-        if receipt is not None:
-            self._receipt(receipt)
+        if receipt is None:
+            core.ack(self._tag(core, frame), frame.headers.get("transaction"))
+            return
+        # A receipted ACK is answered once the acknowledgement is on disk: after the RECEIPT, a
+        # crash cannot bring the message back.
+        entry = _Receipt(receipt, done=False)
+        self._receipts.append(entry)
+
+        def durable() -> None:
+            entry.done = True
+            self._flush_receipts()
+
+        core.ack(self._tag(core, frame), frame.headers.get("transaction"), durable)
 
     def _on_nack(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
         core.nack(self._tag(core, frame), frame.headers.get("transaction"))
