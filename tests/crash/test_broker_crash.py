@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,11 +99,6 @@ def _consumer(port: int, ledger: Ledger, stop: threading.Event) -> None:
         _consume(client, ledger, stop)
     except (OSError, ConnectionError, TimeoutError):
         return
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
 
 
 def _config(data: Path) -> str:
