@@ -132,6 +132,15 @@ class JournalStore:
             archive_dir=self.config.data_dir / "archive",
         )
         self._writer.start()
+        log.info(
+            "journal store open at %s: %d destinations, %d subscriptions, head db-%d.log:%d%s",
+            self.config.data_dir,
+            len(destinations),
+            len(subscriptions),
+            head.file_no,
+            head.offset,
+            " (index rebuilt)" if recovered.rebuilt else "",
+        )
         return Recovery(destinations, subscriptions, list(recovered.report))
 
     def close(self) -> None:
