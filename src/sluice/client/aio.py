@@ -40,8 +40,10 @@ from sluice.client.options import (
     DEFAULT_MAX_QUEUED_BYTES,
     ClientOptions,
 )
+from sluice.client.pipeline import PendingReceipt
 from sluice.client.slots import Slots
 from sluice.client.state import ClientState
+from sluice.client.stream_api import StreamMethods
 from sluice.client.subscription import MessageCallback, Subscription
 from sluice.errors import BrokerErrorFrame, ClientError
 from sluice.stomp.codec import StompLimits
@@ -52,11 +54,12 @@ __all__ = ["Client"]
 logger = logging.getLogger(__name__)
 
 
-class Client:
+class Client(StreamMethods):
     """An asyncio STOMP client. Make one with `await Client.connect(...)`.
 
     Use it as `async with await Client.connect(...) as client:` so that it is closed on the way
     out. Not thread-safe: call it from its event loop (see `sluice.client.blocking` otherwise).
+    Streams: `send_stream` and `stream_reader` (see `StreamMethods`).
     """
 
     def __init__(self, brokers: Sequence[BrokerAddress], options: ClientOptions) -> None:
@@ -338,6 +341,46 @@ class Client:
             receipt=receipt,
             what=f"SEND to {destination}",
             transaction=transaction,
+        )
+
+    async def send_pipelined(
+        self,
+        destination: str,
+        body: bytes,
+        *,
+        headers: Mapping[str, str] | None = None,
+        persistent: bool = False,
+        transaction: str | None = None,
+        epoch: int | None = None,
+    ) -> PendingReceipt:
+        """Write a SEND with a receipt and return without waiting for the RECEIPT.
+
+        Waits only for a receipt slot and for room in the write buffer. With `epoch`, the frame
+        goes out on that connection or not at all (`ConnectionLost`), so that a sequence of
+        frames never continues on a new connection after a gap. Call `wait()` (or `cancel()`)
+        on the result exactly once.
+        """
+        frame_headers = dict(headers) if headers else {}
+        frame_headers.pop("receipt", None)
+        frame_headers["destination"] = destination
+        if persistent:
+            frame_headers["persistent"] = "true"
+        if transaction is not None:
+            frame_headers["transaction"] = transaction
+        timeout_s = self.options.receipt_timeout_s
+        await self._receipt_slots.acquire()
+        try:
+            link = await self._writable_link(timeout_s, None)
+            if epoch is not None and link.epoch != epoch:
+                raise ConnectionLost(f"connection {epoch} to the broker was lost")
+            if transaction is not None:
+                self._check_transaction(transaction, link)
+            receipt_id, future = link.send_with_receipt(Command.SEND, frame_headers, body)
+        except BaseException:
+            self._receipt_slots.release()
+            raise
+        return PendingReceipt(
+            link, receipt_id, future, self._receipt_slots, timeout_s, f"SEND to {destination}"
         )
 
     async def subscribe(

@@ -21,6 +21,16 @@ from typing import Any, TypeVar
 from sluice.client.aio import Client
 from sluice.client.message import AckMode, Message
 from sluice.client.options import DEFAULT_BROKERS, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES
+from sluice.client.stream import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_STREAM_WINDOW,
+    SentStream,
+    StreamProgress,
+    StreamResume,
+    StreamSource,
+)
+from sluice.client.stream_blocking import BlockingStreamReader
+from sluice.client.stream_reader import DEFAULT_STREAM_PREFETCH_BYTES, GapPolicy
 from sluice.client.subscription import MessageCallback, Subscription
 from sluice.errors import ClientError
 
@@ -240,6 +250,49 @@ class BlockingClient:
             )
         )
         return BlockingSubscription(subscription, self._require_runner())
+
+    def send_stream(
+        self,
+        destination: str,
+        source: StreamSource,
+        *,
+        chunk_size: int = DEFAULT_CHUNK_BYTES,
+        transactional: bool = False,
+        stream_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        window: int = DEFAULT_STREAM_WINDOW,
+        resume: StreamResume | None = None,
+        on_progress: Callable[[StreamProgress], None] | None = None,
+    ) -> SentStream:
+        """See `Client.send_stream`. The source is read, and `on_progress` called, on the
+        client's loop thread."""
+        return self._run(
+            self.aio.send_stream(
+                destination,
+                source,
+                chunk_size=chunk_size,
+                transactional=transactional,
+                stream_id=stream_id,
+                headers=headers,
+                window=window,
+                resume=resume,
+                on_progress=on_progress,
+            )
+        )
+
+    def stream_reader(
+        self,
+        destination: str,
+        *,
+        prefetch_bytes: int = DEFAULT_STREAM_PREFETCH_BYTES,
+        on_gap: GapPolicy | str = GapPolicy.RAISE,
+        headers: Mapping[str, str] | None = None,
+    ) -> BlockingStreamReader:
+        """See `Client.stream_reader`: `with client.stream_reader(dest) as reader:`."""
+        reader = self.aio.stream_reader(
+            destination, prefetch_bytes=prefetch_bytes, on_gap=on_gap, headers=headers
+        )
+        return BlockingStreamReader(reader, self._require_runner().run)
 
     def ack(
         self, message: Message, *, transaction: str | None = None, receipt: bool = False

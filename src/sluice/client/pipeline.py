@@ -1,0 +1,75 @@
+"""`PendingReceipt`: the RECEIPT of a frame already written, awaited later.
+
+`Client.send_pipelined` writes a SEND and returns at once with one of these, so that a caller can
+keep a bounded window of frames on the wire (streams do) without a task per frame. Each one holds
+a slot of the client's receipt bound until it is waited for or cancelled: exactly one of `wait`
+and `cancel` must be called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from sluice.client.link import Link
+from sluice.client.slots import Slots
+
+__all__ = ["PendingReceipt"]
+
+
+class PendingReceipt:
+    """A frame written on `link` whose RECEIPT has not been waited for yet."""
+
+    __slots__ = ("_future", "_link", "_receipt_id", "_released", "_slots", "_timeout_s", "what")
+
+    def __init__(
+        self,
+        link: Link,
+        receipt_id: str,
+        future: asyncio.Future[None],
+        slots: Slots,
+        timeout_s: float,
+        what: str,
+    ) -> None:
+        self._link = link
+        self._receipt_id = receipt_id
+        self._future = future
+        self._slots = slots
+        self._timeout_s = timeout_s
+        self._released = False
+        self.what = what
+
+    @property
+    def epoch(self) -> int:
+        """The connection the frame went out on."""
+        return self._link.epoch
+
+    @property
+    def done(self) -> bool:
+        """Whether the RECEIPT (or the failure) has come."""
+        return self._future.done()
+
+    async def wait(self) -> None:
+        """Wait for the RECEIPT, at most the client's receipt timeout from now.
+
+        Raises `ReceiptTimeout`, `BrokerErrorFrame` or `ConnectionLost` as `Client.send` does.
+        """
+        try:
+            await self._link.wait_receipt(
+                self._receipt_id, self._future, self._timeout_s, self.what
+            )
+        finally:
+            self._release()
+
+    def cancel(self) -> None:
+        """Stop waiting: the outcome stays unknown and the slot is given back."""
+        future = self._future
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled():
+            future.exception()  # seen: the caller chose not to know
+        self._release()
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._slots.release()
