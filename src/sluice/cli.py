@@ -1,4 +1,4 @@
-"""The one entry point: `sluice broker|send|recv|store|bench ...` (also `python -m sluice`).
+"""The one entry point: `sluice broker|send|recv|put|get|store|bench ...` (also `python -m sluice`).
 
 Exit codes: 0 success, 1 failure with a one-line reason on stderr, 2 usage error.
 """
@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=None, help="seconds to wait for each message")
     r.add_argument("--ack", choices=["auto", "client", "client-individual"], default="client")
     r.add_argument("--show-headers", action="store_true")
+
+    from sluice.cli_transfer import add_transfer_parsers  # noqa: PLC0415
+
+    add_transfer_parsers(sub, _client_args)
 
     st = sub.add_parser("store", help="offline tools for a journal data directory")
     st.add_argument("action", choices=["verify", "dump", "rebuild-index", "compact"])
@@ -216,6 +220,18 @@ def _run_store(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _run_put(args: argparse.Namespace) -> int:
+    from sluice.cli_transfer import run_put  # noqa: PLC0415
+
+    return run_put(args)
+
+
+def _run_get(args: argparse.Namespace) -> int:
+    from sluice.cli_transfer import run_get  # noqa: PLC0415
+
+    return run_get(args)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from sluice.bench.cli import run_bench  # noqa: PLC0415 - keeps start-up light
 
@@ -226,6 +242,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "broker": _run_broker,
     "send": _run_send,
     "recv": _run_recv,
+    "put": _run_put,
+    "get": _run_get,
     "store": _run_store,
     "bench": _run_bench,
 }

@@ -1,0 +1,412 @@
+"""`sluice put FILE DEST` and `sluice get DEST DIR`: files as streams, resumable.
+
+put. The file goes as one stream of chunks, each with `x-dedup-id` `<stream id>:<seq>`. Its
+progress is kept in a sidecar state file, `<state dir>/<key>.json`, where the key is derived
+from the file's absolute path and the destination, and the file's size and mtime are recorded.
+The stream id is random at the first run and kept in the state file. A run that fails (broker
+gone, connection lost, interrupted) leaves the state file; the same command run again, on the
+same unchanged file, continues the same stream from the last receipted chunk (chunks sent but not
+receipted are sent again, and the broker drops those it has through their dedup ids). Once the
+end chunk is receipted the state file is deleted: a later put of the same file is a new stream.
+A changed file (size or mtime) starts a new stream. With `--transactional` a failed run leaves
+nothing visible, and the next run sends the whole file again in one transaction, with the same
+stream id and dedup ids (so a COMMIT whose receipt was lost is not repeated).
+
+get. Streams are written to `DIR/<name>.part` and renamed to `DIR/<name>` once the SHA-256 has
+matched; see `sluice.cli_getdir` for how a restarted get continues a part file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sluice.cli_getdir import GetDir
+from sluice.cli_progress import Progress, format_bytes
+from sluice.errors import SluiceError
+
+__all__ = ["TransferError", "add_transfer_parsers", "run_get", "run_put"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+
+# The put state file is written at most this often while chunks are receipted.
+STATE_SAVE_INTERVAL_S = 0.5
+_SIZE_UNITS = {"": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3}
+
+
+class TransferError(SluiceError):
+    """A put or get failed; the message is the one-line reason."""
+
+
+def _size(text: str) -> int:
+    value = text.strip().lower()
+    digits = value.rstrip("kimgb")
+    unit = value[len(digits) :].removesuffix("b") if value[len(digits) :] != "b" else ""
+    if not digits.isdigit() or unit not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size such as 1048576, 256KiB or 4MiB: {text}")
+    return int(digits) * _SIZE_UNITS[unit]
+
+
+def _default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "sluice" / "put"
+
+
+def add_transfer_parsers(sub: Any, client_args: Any) -> None:
+    """Add `put` and `get` to the subcommand parsers."""
+    from sluice.client.stream import DEFAULT_CHUNK_BYTES, DEFAULT_STREAM_WINDOW  # noqa: PLC0415
+    from sluice.client.stream_reader import DEFAULT_STREAM_PREFETCH_BYTES  # noqa: PLC0415
+
+    p = sub.add_parser("put", help="send a file as a stream (resumable)")
+    client_args(p)
+    p.add_argument("file", type=Path)
+    p.add_argument("destination")
+    p.add_argument(
+        "--chunk-size",
+        type=_size,
+        default=DEFAULT_CHUNK_BYTES,
+        help="bytes per chunk (default %(default)s)",
+    )
+    p.add_argument(
+        "--transactional",
+        action="store_true",
+        help="send every chunk in one transaction: the file appears whole or not at all",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=DEFAULT_STREAM_WINDOW,
+        help="chunks sent ahead of their receipts (default %(default)s)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where progress is kept to resume (default $XDG_STATE_HOME/sluice/put)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+
+    g = sub.add_parser("get", help="receive streams into files in a directory (resumable)")
+    client_args(g)
+    g.add_argument("destination")
+    g.add_argument("directory", type=Path)
+    g.add_argument("-n", "--count", type=int, default=1, help="files to receive (0: until timeout)")
+    g.add_argument(
+        "--timeout", type=float, default=None, help="seconds to wait for each stream to start"
+    )
+    g.add_argument(
+        "--prefetch-bytes",
+        type=_size,
+        default=DEFAULT_STREAM_PREFETCH_BYTES,
+        help="the broker's byte credit (default %(default)s)",
+    )
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summaries")
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    if not args.quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _progress_enabled(args: argparse.Namespace) -> bool:
+    return not args.quiet and sys.stderr.isatty()
+
+
+# -- put --------------------------------------------------------------------------------------
+
+
+class _PutState:
+    """The sidecar state of one put: which stream, and how far the broker has it."""
+
+    def __init__(self, path: Path, identity: dict[str, Any]) -> None:
+        self.path = path
+        self.identity = identity
+        self.stream_id = ""
+        self.next_seq = 0
+        self.offset = 0
+        self.done = False
+        self._saved_s = 0.0
+
+    def load(self) -> bool:
+        """Read a state left by a failed run of this put; False if none applies."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError):
+            return False
+        if not isinstance(data, dict) or data.get("identity") != self.identity:
+            return False
+        try:
+            self.stream_id = str(data["stream_id"])
+            self.next_seq = int(data["next_seq"])
+            self.offset = int(data["offset"])
+        except (KeyError, TypeError, ValueError):
+            return False
+        return bool(self.stream_id) and self.next_seq >= 0 and self.offset >= 0
+
+    def save(self, *, force: bool = True) -> None:
+        """Write the state (atomically), at most every `STATE_SAVE_INTERVAL_S` unless forced."""
+        now = time.monotonic()
+        if not force and now - self._saved_s < STATE_SAVE_INTERVAL_S:
+            return
+        self._saved_s = now
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {
+            "identity": self.identity,
+            "stream_id": self.stream_id,
+            "next_seq": self.next_seq,
+            "offset": self.offset,
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def delete(self) -> None:
+        """The stream is complete: forget it."""
+        self.done = True
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def run_put(args: argparse.Namespace) -> int:
+    """`sluice put FILE DEST`."""
+    import uuid  # noqa: PLC0415
+
+    from sluice.client import BlockingClient, StreamProgress, StreamResume  # noqa: PLC0415
+    from sluice.client.stream import STREAM_NAME, STREAM_SIZE, hash_prefix  # noqa: PLC0415
+    from sluice.errors import ClientError  # noqa: PLC0415
+
+    path: Path = args.file.resolve()
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise TransferError(f"{args.file}: {exc.strerror}") from None
+    if not path.is_file():
+        raise TransferError(f"{args.file} is not a regular file")
+    identity = {
+        "path": str(path),
+        "destination": args.destination,
+        "size": info.st_size,
+        "mtime_ns": info.st_mtime_ns,
+        "chunk_size": args.chunk_size,
+        "transactional": args.transactional,
+    }
+    state_dir = args.state_dir if args.state_dir is not None else _default_state_dir()
+    key = hashlib.sha256(f"{path}\0{args.destination}".encode()).hexdigest()[:32]
+    state = _PutState(state_dir / f"{key}.json", identity)
+    resuming = state.load()
+    if not resuming:
+        state.stream_id = uuid.uuid4().hex
+        state.next_seq = 0
+        state.offset = 0
+    if args.transactional:
+        # A transaction that did not commit left nothing: send it all again.
+        state.next_seq, state.offset = 0, 0
+    state.save()
+    resume = None
+    if state.next_seq > 0:
+        try:
+            hasher = hash_prefix(path, state.offset)
+        except ClientError as exc:
+            raise TransferError(str(exc)) from None
+        resume = StreamResume(state.next_seq, state.offset, hasher)
+        _say(args, f"continuing stream {state.stream_id} at chunk {state.next_seq}")
+    progress = Progress(
+        path.name, info.st_size, sys.stderr, enabled=_progress_enabled(args), start=state.offset
+    )
+
+    def on_progress(done: StreamProgress) -> None:
+        progress.update(done.offset_end)
+        if done.end:
+            state.delete()
+        elif not args.transactional:
+            state.next_seq = done.seq + 1
+            state.offset = done.offset_end
+            state.save(force=False)
+
+    headers = {STREAM_NAME: path.name, STREAM_SIZE: str(info.st_size)}
+    try:
+        with (
+            BlockingClient(args.broker, login=args.login, passcode=args.passcode) as client,
+            path.open("rb") as file,
+        ):
+            file.seek(state.offset)
+            sent = client.send_stream(
+                args.destination,
+                file,
+                chunk_size=args.chunk_size,
+                transactional=args.transactional,
+                stream_id=state.stream_id,
+                headers=headers,
+                window=args.window,
+                resume=resume,
+                on_progress=on_progress,
+            )
+    except ClientError as exc:
+        raise TransferError(
+            f"{exc}; run the same command again to continue"
+            + ("" if args.transactional else f" from chunk {state.next_seq}")
+        ) from None
+    finally:
+        progress.close()
+        if not state.done:
+            state.save()
+    state.delete()
+    _say(
+        args,
+        f"sent {path.name} to {args.destination}: {format_bytes(sent.length)} in {sent.chunks}"
+        f" chunks, {format_bytes(progress.average_rate())}/s, stream {sent.stream_id}"
+        f" sha256 {sent.sha256}",
+    )
+    return EXIT_OK
+
+
+# -- get --------------------------------------------------------------------------------------
+
+
+class _Getter:
+    """One `sluice get` run: streams from the reader into part files, renamed when complete."""
+
+    def __init__(self, args: argparse.Namespace, folder: GetDir) -> None:
+        self.args = args
+        self.folder = folder
+        self.received = 0
+        self.failures = 0
+
+    def prepare(self, reader: Any) -> None:
+        """Finish what a previous run left complete; expect continuations of the others."""
+        folder = self.folder
+        for record in list(folder.records.values()):
+            size = folder.part_size(record)
+            if record.complete:
+                if size is not None:
+                    final = folder.finalize(record)
+                    _say(self.args, f"completed {final} (left by an earlier run)")
+                continue
+            if size is None:
+                folder.drop(record, delete_part=False)
+                continue
+            reader.expect(record.stream_id, size)
+
+    def receive(self, stream: Any) -> None:
+        """Write one stream; raises `TransferError` when it cannot be continued here."""
+        from sluice.client import StreamAborted, StreamCorrupted, hash_prefix  # noqa: PLC0415
+        from sluice.client.errors import ConnectionLost  # noqa: PLC0415
+
+        folder = self.folder
+        record = folder.records.get(stream.id)
+        if record is not None and record.complete:
+            # Written and checked by an earlier run: only the broker did not know.
+            stream.skip()
+            folder.drop(record, delete_part=False)
+            return
+        if stream.resumed_at == 0:
+            if record is None:
+                record = folder.new_record(stream.id, stream.name)
+            folder.save(record)
+        else:
+            size = folder.part_size(record) if record is not None else None
+            if record is None or size is None or size < stream.resumed_at:
+                have = "no part of it" if size is None else f"only {size} bytes of it"
+                raise TransferError(
+                    f"stream {stream.id} ({stream.name}) resumes at offset {stream.resumed_at}"
+                    f" but {self.args.directory} holds {have}: run get on the directory that"
+                    " holds its start"
+                )
+            stream.seed_sha256(hash_prefix(folder.part_path(record), stream.resumed_at))
+            _say(self.args, f"resuming {record.name} at offset {stream.resumed_at}")
+        progress = Progress(
+            record.name,
+            stream.size_hint,
+            sys.stderr,
+            enabled=_progress_enabled(self.args),
+            start=stream.resumed_at,
+        )
+        try:
+            with folder.open_part(record, stream.resumed_at) as file:
+                for data in stream:
+                    file.write(data)
+                    progress.update(stream.position)
+                file.flush()
+                os.fsync(file.fileno())
+        except StreamAborted as exc:
+            progress.close()
+            print(
+                f"sluice get: {exc}; {folder.part_path(record)} is kept: the stream goes on there"
+                " if its producer resumes it",
+                file=sys.stderr,
+            )
+            return
+        except StreamCorrupted as exc:
+            progress.close()
+            folder.drop(record, delete_part=True)
+            self.failures += 1
+            print(f"sluice get: {exc}; {record.part} deleted", file=sys.stderr)
+            return
+        except ConnectionLost as exc:
+            progress.close()
+            print(f"sluice get: {exc}", file=sys.stderr)
+            return
+        progress.close()
+        record.complete = True
+        folder.save(record)
+        try:
+            stream.finish()
+        except ConnectionLost:
+            # The end comes again, as a resumed stream the complete record swallows.
+            final = folder.finalize(record)
+        else:
+            final = folder.finalize(record)
+            folder.drop(record, delete_part=False)
+        self.received += 1
+        checked = "sha256 ok" if stream.verified else "sha256 not checked"
+        _say(
+            self.args,
+            f"received {final} ({format_bytes(stream.length or 0)}, {checked},"
+            f" {format_bytes(progress.average_rate())}/s)",
+        )
+
+
+def run_get(args: argparse.Namespace) -> int:
+    """`sluice get DEST DIR`."""
+    from sluice.client import BlockingClient  # noqa: PLC0415
+
+    if args.count < 0:
+        raise TransferError("--count must not be negative")
+    folder = GetDir(args.directory)
+    for warning in folder.load():
+        print(f"sluice get: {warning}", file=sys.stderr)
+    getter = _Getter(args, folder)
+    with BlockingClient(args.broker, login=args.login, passcode=args.passcode) as client:
+        reader = client.stream_reader(
+            args.destination, prefetch_bytes=args.prefetch_bytes, on_gap="skip"
+        )
+        with reader:
+            getter.prepare(reader)
+            while args.count == 0 or getter.received < args.count:
+                stream = reader.next_stream(args.timeout)
+                if stream is None:
+                    if args.count == 0:
+                        break
+                    raise TransferError(
+                        f"no stream within {args.timeout:g} s"
+                        f" (received {getter.received} of {args.count})"
+                    )
+                getter.receive(stream)
+        skipped = reader.skipped_chunks
+    folder.tidy()
+    if getter.failures or skipped:
+        raise TransferError(
+            f"{getter.failures} corrupt streams and {skipped} chunks out of place were dropped"
+            f" (received {getter.received})"
+        )
+    return EXIT_OK
