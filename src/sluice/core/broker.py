@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 ORIGINAL_DESTINATION = "x-original-destination"
 EXPIRY_SWEEP_INTERVAL_S = 5.0
+DISK_CHECK_INTERVAL_S = 1.0
 DLQ_REASON = "x-dlq-reason"
 
 
@@ -111,10 +112,20 @@ class Broker:
         loop: Loop,
         *,
         now_ms: Callable[[], int] | None = None,
+        temp_store: MessageStore | None = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
         self.store = store
+        self.temp_store = temp_store
+        # Disk use: refreshed from the stores every DISK_CHECK_INTERVAL_S, estimated in between
+        # from what was written since.
+        self.store_disk_bytes = 0
+        self.temp_disk_bytes = 0
+        self._written_since_check = 0
+        self._spooled_since_check = 0
+        self._disk_waiters: dict[Hashable, Producer] = {}
+        self._disk_timer: Cancellable | None = None
         self._loop = loop
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self.destinations: dict[str, Destination] = {}
@@ -169,6 +180,8 @@ class Broker:
     def open(self) -> Recovery:
         """Open the store and rebuild destinations from what it holds."""
         recovery = self.store.open(self._on_store_completed)
+        if self.temp_store is not None:
+            self.temp_store.open(self._on_store_completed)
         for recovered in recovery.destinations:
             destination = self.destination(recovered.name)
             destination.last_seq = max(destination.last_seq, recovered.last_seq)
@@ -184,14 +197,18 @@ class Broker:
                 topic.restore_durable(sub)
         self.recovery = recovery
         self._sweep_timer = self._loop.call_later(EXPIRY_SWEEP_INTERVAL_S, self._sweep)
+        self._check_disk()
         return recovery
 
     def close(self) -> None:
         """Stop the timers and close the store (flushing what it has)."""
-        if self._sweep_timer is not None:
-            self._sweep_timer.cancel()
-            self._sweep_timer = None
+        for timer in (self._sweep_timer, self._disk_timer):
+            if timer is not None:
+                timer.cancel()
+        self._sweep_timer = self._disk_timer = None
         self.store.close()
+        if self.temp_store is not None:
+            self.temp_store.close()
 
     def _sweep(self) -> None:
         """Expired messages go to their DLQ even when nobody consumes the queue; streams whose
@@ -338,10 +355,55 @@ class Broker:
                 callback(handle)
 
     def track_write(self, message: Message) -> None:
-        """Count a persistent write the store has not completed yet."""
-        if message.persistent:
+        """Count a write a store has not completed yet (persistent, or spooled)."""
+        if message.persistent or message.spooled:
             self.pending_writes += 1
             self.pending_write_bytes += message.nbytes
+            if message.persistent:
+                self._written_since_check += message.nbytes
+            else:
+                self._spooled_since_check += message.nbytes
+
+    # -- disk limits ----------------------------------------------------------------------------
+
+    def _check_disk(self) -> None:
+        """Refresh disk use from the stores; resume producers once below the limits."""
+        self.store_disk_bytes = self.store.stats().disk_bytes
+        self.temp_disk_bytes = self.temp_store.stats().disk_bytes if self.temp_store else 0
+        self._written_since_check = self._spooled_since_check = 0
+        if (
+            self._disk_waiters
+            and not self.disk_full(persistent=True, resume=True)
+            and not (self.disk_full(persistent=False, resume=True))
+        ):
+            waiters, self._disk_waiters = self._disk_waiters, {}
+            log.info("disk use back under its limits: resuming %d producers", len(waiters))
+            for producer in waiters.values():
+                producer.resume_producer(FlowReason.DISK)
+        self._disk_timer = self._loop.call_later(DISK_CHECK_INTERVAL_S, self._check_disk)
+
+    def disk_full(self, *, persistent: bool, resume: bool = False) -> bool:
+        """Is the store (`persistent`) or the temp store over its limit (or, when deciding to
+        resume, above the resume ratio of it)?"""
+        factor = self.limits.memory_resume_ratio if resume else 1.0
+        if persistent:
+            used = self.store_disk_bytes + self._written_since_check
+            return used >= self.limits.store_limit_bytes * factor
+        used = self.temp_disk_bytes + self._spooled_since_check
+        return self.temp_store is not None and used >= self.limits.temp_limit_bytes * factor
+
+    def wait_for_disk(self, key: Hashable, producer: Producer, persistent: bool) -> None:
+        """Pause a producer until disk use falls back under its limit."""
+        limit = "store_limit_bytes" if persistent else "temp_limit_bytes"
+        self.count("flow_paused_disk")
+        if not self._disk_waiters:
+            log.warning(
+                "%s reached (%d bytes): pausing producers until space is freed",
+                limit,
+                self.limits.store_limit_bytes if persistent else self.limits.temp_limit_bytes,
+            )
+        self._disk_waiters[key] = producer
+        producer.pause_producer(FlowReason.DISK)
 
     def write_done(self, handle: WriteHandle | None) -> None:
         """A tracked write completed (or was not a write at all when `handle` is None)."""
@@ -373,12 +435,15 @@ class Broker:
     def forget_producer(self, key: Hashable, usages: Iterable[Usage] = ()) -> None:
         """A connection closed: drop it from the wait lists it is on."""
         self._write_waiters.pop(key, None)
+        self._disk_waiters.pop(key, None)
         for usage in usages:
             usage.cancel_wait(key)
 
     def snapshot(self) -> dict[str, int]:
         """Counters and gauges, for logs, metrics and tests."""
         out = dict(self.counters)
+        out["store_disk_bytes"] = self.store_disk_bytes
+        out["temp_disk_bytes"] = self.temp_disk_bytes
         out["memory_used_bytes"] = self.usage.used
         out["pending_writes"] = self.pending_writes
         out["destinations"] = len(self.destinations)

@@ -28,7 +28,7 @@ from sluice.core.subscription import Link, Subscription
 from sluice.core.topic import Topic
 from sluice.core.usage import Usage
 from sluice.core.wildcard import WildcardError, compile_pattern, is_wildcard
-from sluice.errors import LimitExceeded, RequestError
+from sluice.errors import LimitExceeded, RequestError, StoreFullError
 from sluice.store.api import WriteHandle
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,18 @@ class BrokerConnection:
         """Accept a message. `on_stored` runs once it may be receipted. May pause the producer."""
         destination = self._destination(message.destination)
         broker = self.broker
+        if message.persistent and broker.disk_full(persistent=True):
+            limit = broker.limits.store_limit_bytes
+            if broker.limits.send_fail_if_no_space:
+                broker.count("sends_refused_store_full")
+                raise StoreFullError("store_limit_bytes", limit, "the store is full")
+            broker.wait_for_disk(self, self.link, persistent=True)
+        elif not message.persistent and broker.disk_full(persistent=False):
+            limit = broker.limits.temp_limit_bytes
+            if broker.limits.send_fail_if_no_space:
+                broker.count("sends_refused_temp_full")
+                raise StoreFullError("temp_limit_bytes", limit, "the temp store is full")
+            broker.wait_for_disk(self, self.link, persistent=False)
         headers = message.headers
         dedup_id = headers.get(DEDUP_ID)
         if dedup_id is not None and dedup_id in destination.dedup:
@@ -124,7 +136,7 @@ class BrokerConnection:
                 broker.track_write(message)
                 broker.store.add(message, broker.write_done, tx.store_id)
             on_stored(None)
-            return self._check_flow(destination)
+            return self._check_flow(destination, message)
         if dedup_id is not None:
             destination.dedup.add(dedup_id)
         stream_id = headers.get(STREAM_ID)
@@ -140,7 +152,7 @@ class BrokerConnection:
             destination.accept(message, stored)
         else:
             destination.accept(message, on_stored)
-        return self._check_flow(destination)
+        return self._check_flow(destination, message)
 
     def _track_stream(self, destination: str, stream_id: str, ends: bool) -> None:
         """Remember live (non-transacted) streams this connection is sending, to abort them if
@@ -171,10 +183,10 @@ class BrokerConnection:
         if not self.open_streams:
             self.broker.streaming.discard(self)
 
-    def _check_flow(self, destination: Destination) -> None:
+    def _check_flow(self, destination: Destination, message: Message) -> None:
         broker = self.broker
         usage = destination.usage
-        if usage.full:
+        if usage.full and not self._pages(destination, message):
             broker.count("flow_paused_memory")
             if not usage.waiting:
                 log.info(
@@ -191,6 +203,16 @@ class BrokerConnection:
             self.link.pause_producer(FlowReason.MEMORY)
         if broker.writes_backed_up():
             broker.wait_for_writes(self, self.link)
+
+    def _pages(self, destination: Destination, message: Message) -> bool:
+        """Can the destination keep this message out of memory (a queue whose store pages, or a
+        temp store for non-persistent messages)? Then memory does not bound its producers; the
+        pending writes and the disk limits do."""
+        if destination.kind is not DestinationKind.QUEUE:
+            return False
+        if message.persistent:
+            return self.broker.store_pages
+        return self.broker.temp_store is not None
 
     def _resume_memory(self) -> None:
         self._waiting_on.clear()

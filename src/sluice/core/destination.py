@@ -41,6 +41,19 @@ class Services(Protocol):
         """Add to a counter."""
         ...
 
+    @property
+    def temp_store(self) -> MessageStore | None:
+        """Where non-persistent messages spool when memory is full (None: no spooling)."""
+        ...
+
+    def track_write(self, message: Message) -> None:
+        """Count a write the store has not completed yet (bounded by the pending-write limits)."""
+        ...
+
+    def write_done(self, handle: WriteHandle | None) -> None:
+        """A tracked write completed."""
+        ...
+
 
 class DedupWindow:
     """The most recent `x-dedup-id`s of a destination, oldest first, at most `size` of them."""

@@ -79,7 +79,7 @@ class Message(StoredMessage):
     fills it on first delivery so a message sent to many consumers is encoded once.
     """
 
-    __slots__ = ("delivery_count", "group_id", "in_store", "nbytes", "wire")
+    __slots__ = ("delivery_count", "group_id", "in_store", "nbytes", "spooled", "wire")
 
     def __init__(
         self,
@@ -108,6 +108,8 @@ class Message(StoredMessage):
         # A stream chunk without an explicit group belongs to its stream's group.
         self.group_id: str | None = headers.get(GROUP_ID) or headers.get(STREAM_ID)
         self.in_store = False
+        # A non-persistent message written to the temp store because memory was full.
+        self.spooled = False
         self.wire: bytes | None = None
         # Computed once: credit and memory accounting read it on every dispatch.
         nbytes = len(body)

@@ -93,6 +93,7 @@ class Queue(Destination):
     ) -> None:
         super().__init__(services, name, policy, usage)
         self.pending: SortedDict = SortedDict()
+        self.temp_store = services.temp_store
         self.store_pages = store_pages
         self.loaded_seq = 0
         # Sequences of messages left in the store alone whose write has not completed yet: they
@@ -125,7 +126,12 @@ class Queue(Destination):
         """Assign the next sequence, store if persistent, and make it available."""
         message.seq = self.next_seq()
         if not message.persistent:
-            self._enqueue(message)
+            if self.temp_store is not None and (
+                self.loaded_seq < message.seq - 1 or self.usage.full
+            ):
+                self._spool(message)
+            else:
+                self._enqueue(message)
             on_stored(None)
             return
         message.in_store = True
@@ -135,12 +141,8 @@ class Queue(Destination):
             self._unwritten.append(seq)
 
             def written(handle: WriteHandle) -> None:
-                if self._unwritten and self._unwritten[0] == seq:
-                    self._unwritten.popleft()
-                else:
-                    self._unwritten.remove(seq)
                 on_stored(handle)
-                self.wakeup()
+                self._written(seq)
 
             self.store.add(message, written)
             return
@@ -169,6 +171,29 @@ class Queue(Destination):
             self.loaded_seq = message.seq
         self.pending[_key(message)] = message
         self.usage.add(message.nbytes)
+        self.wakeup()
+
+    def _spool(self, message: Message) -> None:
+        """Memory is full: a non-persistent message waits in the temp store (never synced)."""
+        assert self.temp_store is not None
+        message.spooled = True
+        seq = message.seq
+        self._unwritten.append(seq)
+        services = self.services
+
+        def written(handle: WriteHandle) -> None:
+            services.write_done(handle)
+            self._written(seq)
+
+        services.track_write(message)
+        self.temp_store.add(message, written)
+        services.count("spooled")
+
+    def _written(self, seq: int) -> None:
+        if self._unwritten and self._unwritten[0] == seq:
+            self._unwritten.popleft()
+        else:
+            self._unwritten.remove(seq)
         self.wakeup()
 
     def _evict(self, key: int, message: Message) -> None:
@@ -201,19 +226,34 @@ class Queue(Destination):
         limit = self._unwritten[0] - 1 if self._unwritten else self.last_seq
         if self.loaded_seq >= limit:
             return
-        stored = self.store.load(self.name, self.loaded_seq, PAGE_MESSAGES, PAGE_BYTES)
+        # The backlog may be in two stores: persistent messages in the store, spooled ones in
+        # the temp store. Read a page from each and keep what lies below the point both reached.
+        sources = [(self.store, False)]
+        if self.temp_store is not None:
+            sources.append((self.temp_store, True))
+        pages = []
+        cutoff = limit
+        for store, spooled in sources:
+            page = store.load(self.name, self.loaded_seq, PAGE_MESSAGES, PAGE_BYTES)
+            if page and (
+                len(page) >= PAGE_MESSAGES or sum(len(m.body) for m in page) > PAGE_BYTES // 2
+            ):
+                cutoff = min(cutoff, page[-1].seq)  # this store may hold more beyond the page
+            pages.append((page, spooled))
         loaded = 0
-        for item in stored:
-            if item.seq > limit:
-                break
-            message = Message.from_stored(item, 1 if item.seq <= self.recovered_mark else 0)
-            self.pending[_key(message)] = message
-            self.usage.add(message.nbytes)
-            self.loaded_seq = item.seq
-            loaded += 1
-        if not loaded:
-            # Nothing more below the limit is stored (acknowledged before it was read back).
-            self.loaded_seq = limit
+        for page, spooled in pages:
+            for item in page:
+                if item.seq > cutoff:
+                    break
+                message = Message.from_stored(item, 1 if item.seq <= self.recovered_mark else 0)
+                if spooled:
+                    message.in_store = False
+                    message.spooled = True
+                self.pending[_key(message)] = message
+                self.usage.add(message.nbytes)
+                loaded += 1
+        # Everything up to the cutoff is now in memory (or was acknowledged before it was read).
+        self.loaded_seq = cutoff
         self.services.count("paged_in", loaded)
 
     def _request_mark(self, seq: int) -> None:
@@ -305,8 +345,11 @@ class Queue(Destination):
                 return
         if message.in_store and not store_removed:
             self.store.remove(self.name, message.seq, on_removed)
-        elif on_removed is not None:
-            on_removed(None)
+        else:
+            if message.spooled and self.temp_store is not None:
+                self.temp_store.remove(self.name, message.seq)
+            if on_removed is not None:
+                on_removed(None)
         self.usage.release(message.nbytes)
         if closing:
             assert group_id is not None
@@ -331,6 +374,8 @@ class Queue(Destination):
     def _drop(self, message: Message) -> None:
         if message.in_store:
             self.store.remove(self.name, message.seq)
+        elif message.spooled and self.temp_store is not None:
+            self.temp_store.remove(self.name, message.seq)
         self.usage.release(message.nbytes)
 
     def expire(self, now_ms: int, limit: int = SCAN_LIMIT) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -19,13 +20,16 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 30.0
 
 
-def open_store(config: Config) -> MessageStore:
-    """The store the configuration asks for."""
+def open_stores(config: Config) -> tuple[MessageStore, MessageStore | None]:
+    """The store the configuration asks for, and the temp store non-persistent messages spool
+    to (only with the journal: with the memory store, a full memory pauses producers)."""
     if config.store.kind is StoreKind.MEMORY:
-        return MemoryStore()
+        return MemoryStore(), None
     from sluice.store.journal.store import JournalStore  # noqa: PLC0415 - only when asked for
 
-    return JournalStore(config.store, dedup_window=config.limits.dedup_window)
+    store = JournalStore(config.store, dedup_window=config.limits.dedup_window)
+    temp_config = dataclasses.replace(config.store, data_dir=config.store.data_dir / "tmp")
+    return store, JournalStore(temp_config, temporary=True)
 
 
 class BrokerServer:
@@ -42,7 +46,10 @@ class BrokerServer:
         self.name = config.broker_name
         self.version = __version__
         self.loop = asyncio.get_running_loop()
-        self.broker = Broker(config, store if store is not None else open_store(config), self.loop)
+        temp_store: MessageStore | None = None
+        if store is None:
+            store, temp_store = open_stores(config)
+        self.broker = Broker(config, store, self.loop, temp_store=temp_store)
         self.stomp_limits = StompLimits(
             max_frame_bytes=config.limits.max_frame_bytes,
             max_header_bytes=config.limits.max_header_bytes,
