@@ -1,0 +1,227 @@
+"""The options of the `sluice` and `sluice-journal` data sources, parsed and checked once.
+
+Spark hands options over as a case-insensitive mapping of strings; these functions turn them into
+frozen dataclasses (names as in Spark's Kafka source where one exists) and raise `OptionError`
+naming the option at fault. The dataclasses are small and picklable: Spark ships them to
+executors inside the reader and writer objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sluice.config import DEFAULT_STOMP_HOST, DEFAULT_STOMP_PORT
+from sluice.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_BROKER",
+    "DEFAULT_CLIENT_ID",
+    "DEFAULT_DEDUP_WINDOW",
+    "DEFAULT_PREFETCH",
+    "DEFAULT_TIMEOUT_MS",
+    "EARLIEST",
+    "LATEST",
+    "JournalOptions",
+    "OptionError",
+    "SinkOptions",
+    "SourceOptions",
+    "journal_options",
+    "sink_options",
+    "source_options",
+]
+
+DEFAULT_BROKER = f"{DEFAULT_STOMP_HOST}:{DEFAULT_STOMP_PORT}"
+DEFAULT_CLIENT_ID = "sluice-spark"
+# Messages the broker may send a reading task ahead of its acknowledgements.
+DEFAULT_PREFETCH = 1000
+# The broker's default `limits.dedup_window` (ids kept per destination).
+DEFAULT_DEDUP_WINDOW = 10_000
+DEFAULT_TIMEOUT_MS = 30_000
+EARLIEST = "earliest"
+LATEST = "latest"
+_TOPIC_PREFIX = "/topic/"
+_TRUE = ("true", "1", "yes")
+_FALSE = ("false", "0", "no")
+
+
+class OptionError(ConfigError):
+    """A data source option is missing or invalid."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Options of `spark.read[Stream].format("sluice")`.
+
+    `starting` and `ending` are `earliest`, `latest` or a sequence number as text; `ending` is
+    exclusive (the first offset not read), as Kafka's `endingOffsets`.
+    """
+
+    broker: str
+    topic: str
+    subscription: str | None = None
+    client_id: str = DEFAULT_CLIENT_ID
+    login: str | None = None
+    passcode: str | None = None
+    starting: str = LATEST
+    ending: str = LATEST
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int = 1
+    fail_on_data_loss: bool = True
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+    prefetch: int = DEFAULT_PREFETCH
+
+    @property
+    def timeout_s(self) -> float:
+        """`timeout_ms` in seconds."""
+        return self.timeout_ms / 1000.0
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """Options of `df.write[Stream].format("sluice")`."""
+
+    broker: str
+    destination: str | None = None
+    login: str | None = None
+    passcode: str | None = None
+    persistent: bool = True
+    write_id: str | None = None
+    dedup_window: int = DEFAULT_DEDUP_WINDOW
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+
+    @property
+    def timeout_s(self) -> float:
+        """`timeout_ms` in seconds."""
+        return self.timeout_ms / 1000.0
+
+
+@dataclass(frozen=True)
+class JournalOptions:
+    """Options of `spark.read.format("sluice-journal").load(path)`."""
+
+    path: str
+    fail_on_corruption: bool = False
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def _int(options: dict[str, str], name: str, default: int | None, minimum: int) -> int | None:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise OptionError(f"option {name} must be an integer, got {raw[:40]!r}") from None
+    if value < minimum:
+        raise OptionError(f"option {name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _bool(options: dict[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    text = raw.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise OptionError(f"option {name} must be true or false, got {raw[:40]!r}")
+
+
+def _offset_spec(options: dict[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    text = raw.strip().lower()
+    if text in allowed:
+        return text
+    if text.isdigit():
+        return str(int(text))
+    raise OptionError(
+        f"option {name} must be {' or '.join(allowed)} or a sequence number, got {raw[:40]!r}"
+    )
+
+
+def _text(options: dict[str, str], name: str) -> str | None:
+    raw = options.get(name.lower())
+    if raw is None or not raw.strip():
+        return None
+    return raw.strip()
+
+
+def topic_name(raw: str) -> str:
+    """`/topic/NAME` for `NAME` or `/topic/NAME`; queues cannot be read as logs."""
+    name = raw.strip()
+    if name.startswith("/queue/"):
+        raise OptionError(f"option topic must name a topic, got the queue {name!r}")
+    if not name.startswith(_TOPIC_PREFIX):
+        name = _TOPIC_PREFIX + name.lstrip("/")
+    if len(name) == len(_TOPIC_PREFIX):
+        raise OptionError("option topic is empty")
+    return name
+
+
+def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+    """Parse the options of the `sluice` source. `startingOffsets` defaults to `latest` for a
+    stream and `earliest` for a batch, as with Kafka."""
+    opts = _lower(options)
+    raw_topic = _text(opts, "topic")
+    if raw_topic is None:
+        raise OptionError('option topic is required, e.g. .option("topic", "/topic/events")')
+    starting = _offset_spec(
+        opts, "startingOffsets", LATEST if streaming else EARLIEST, (EARLIEST, LATEST)
+    )
+    ending = _offset_spec(opts, "endingOffsets", LATEST, (LATEST,))
+    if streaming and "endingoffsets" in opts:
+        raise OptionError("option endingOffsets is for batch reads only")
+    if not streaming and "maxoffsetspertrigger" in opts:
+        raise OptionError("option maxOffsetsPerTrigger is for streaming reads only")
+    if ending != LATEST and starting.isdigit() and int(ending) < int(starting):
+        raise OptionError(f"endingOffsets {ending} is before startingOffsets {starting}")
+    return SourceOptions(
+        broker=_text(opts, "broker") or DEFAULT_BROKER,
+        topic=topic_name(raw_topic),
+        subscription=_text(opts, "subscription"),
+        client_id=_text(opts, "clientId") or DEFAULT_CLIENT_ID,
+        login=_text(opts, "login"),
+        passcode=opts.get("passcode"),
+        starting=starting,
+        ending=ending,
+        max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", None, 1),
+        min_partitions=_int(opts, "minPartitions", 1, 1) or 1,
+        fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+        timeout_ms=_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS, 1) or DEFAULT_TIMEOUT_MS,
+        prefetch=_int(opts, "prefetch", DEFAULT_PREFETCH, 2) or DEFAULT_PREFETCH,
+    )
+
+
+def sink_options(options: Mapping[str, str]) -> SinkOptions:
+    """Parse the options of the `sluice` sink."""
+    opts = _lower(options)
+    destination = _text(opts, "destination")
+    if destination is not None and not destination.startswith(("/queue/", "/topic/")):
+        raise OptionError(f"option destination must start with /queue/ or /topic/: {destination}")
+    return SinkOptions(
+        broker=_text(opts, "broker") or DEFAULT_BROKER,
+        destination=destination,
+        login=_text(opts, "login"),
+        passcode=opts.get("passcode"),
+        persistent=_bool(opts, "persistent", True),
+        write_id=_text(opts, "writeId"),
+        dedup_window=_int(opts, "dedupWindow", DEFAULT_DEDUP_WINDOW, 0) or 0,
+        timeout_ms=_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS, 1) or DEFAULT_TIMEOUT_MS,
+    )
+
+
+def journal_options(options: Mapping[str, str]) -> JournalOptions:
+    """Parse the options of the `sluice-journal` source (`load(path)` sets `path`)."""
+    opts = _lower(options)
+    path = _text(opts, "path")
+    if path is None:
+        raise OptionError('the journal reader needs a path: .load("/var/lib/sluice/data")')
+    return JournalOptions(path=path, fail_on_corruption=_bool(opts, "failOnCorruption", False))

@@ -1,0 +1,183 @@
+"""The `sluice` sink: `df.write.format("sluice")` and `df.writeStream.format("sluice")`.
+
+Rows need a `body` column (binary or string) and may have `headers` (a map) and `destination`
+(a string; the `destination` option is the default). Each task sends its rows in one broker
+transaction with deterministic dedup ids (`sluice.spark.produce`):
+
+- a streaming write's id is the query's id (kept in the checkpoint, so it survives restarts) or
+  the `writeId` option, and the batch id is Spark's: a batch replayed after a crash sends the
+  same ids and the broker drops them;
+- a batch write's id is the `writeId` option, or one drawn when the write is planned (retried
+  tasks of that write share it; give `writeId` to make a whole re-run idempotent).
+
+The writers take Arrow record batches (`DataSourceArrowWriter`), which spares Spark building a
+`Row` per record.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, MapType, StringType
+
+from sluice.spark.options import OptionError, SinkOptions
+from sluice.spark.produce import OutgoingRow, dedup_prefix, send_transaction
+
+__all__ = ["SluiceBatchWriter", "SluiceCommitMessage", "SluiceStreamWriter"]
+
+logger = logging.getLogger(__name__)
+
+# Local properties Spark sets on the tasks of a streaming query.
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+@dataclass
+class SluiceCommitMessage(WriterCommitMessage):  # type: ignore[misc,unused-ignore]
+    """What one task sent: its partition and rows per destination."""
+
+    partition: int
+    rows: int
+    per_destination: dict[str, int] = field(default_factory=dict)
+
+
+def _columns(schema: Any) -> tuple[str, bool, bool]:
+    """Check the input schema: (body column, has headers, has destination)."""
+    fields = {f.name.lower(): f for f in schema.fields}
+    body = fields.get("body")
+    if body is None or not isinstance(body.dataType, BinaryType | StringType):
+        raise OptionError("the sluice sink needs a body column of type binary or string")
+    headers = fields.get("headers")
+    if headers is not None and not (
+        isinstance(headers.dataType, MapType) and isinstance(headers.dataType.keyType, StringType)
+    ):
+        raise OptionError("the headers column must be a map with string keys")
+    destination = fields.get("destination")
+    if destination is not None and not isinstance(destination.dataType, StringType):
+        raise OptionError("the destination column must be a string")
+    return body.name, headers is not None, destination is not None
+
+
+class _ArrowRows:
+    """Turns record batches into `(destination, headers, body)` rows, column by column."""
+
+    def __init__(self, schema: Any) -> None:
+        self.body, self.has_headers, self.has_destination = _columns(schema)
+        names = {f.name.lower(): f.name for f in schema.fields}
+        self.headers = names.get("headers")
+        self.destination = names.get("destination")
+
+    def rows(self, batches: Iterator[Any]) -> Iterator[OutgoingRow]:
+        for batch in batches:
+            count = batch.num_rows
+            bodies = batch.column(self.body).to_pylist()
+            if self.headers is not None:
+                headers: list[Any] = batch.column(self.headers).to_pylist()
+            else:
+                headers = [None] * count
+            if self.destination is not None:
+                destinations: list[Any] = batch.column(self.destination).to_pylist()
+            else:
+                destinations = [None] * count
+            for destination, pairs, body in zip(destinations, headers, bodies, strict=True):
+                yield destination, dict(pairs) if pairs else None, body
+
+
+def _task_context() -> Any:
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("the sluice sink writes from Spark tasks only")
+    return context
+
+
+def _warn_window(options: SinkOptions, batch: str, messages: list[Any]) -> None:
+    totals: Counter[str] = Counter()
+    for message in messages:
+        if isinstance(message, SluiceCommitMessage):
+            totals.update(message.per_destination)
+    window = options.dedup_window
+    for destination, rows in totals.items():
+        if window and rows > window:
+            logger.warning(
+                "%s: %d rows to %s, more than the dedup window of %d: if this write is "
+                "replayed, the oldest of its ids may have left the broker's window and be sent "
+                "again; raise the broker's limits.dedup_window (and the dedupWindow option)",
+                batch,
+                rows,
+                destination,
+                window,
+            )
+
+
+class SluiceBatchWriter(DataSourceArrowWriter):  # type: ignore[misc,unused-ignore]
+    """`df.write.format("sluice")`: one transaction per task."""
+
+    def __init__(self, options: SinkOptions, schema: Any) -> None:
+        self.options = options
+        self.rows = _ArrowRows(schema)
+        # Drawn once on the driver; every task and retry of this write gets the same.
+        self.write_id = options.write_id or f"w-{uuid.uuid4().hex}"
+
+    def write(self, iterator: Iterator[Any]) -> SluiceCommitMessage:
+        """Send this task's rows."""
+        partition = _task_context().partitionId()
+        prefix = dedup_prefix(self.write_id, "b", partition)
+        result = send_transaction(self.options, self.rows.rows(iterator), prefix)
+        return SluiceCommitMessage(partition, result.rows, dict(result.per_destination))
+
+    def commit(self, messages: list[Any]) -> None:
+        """Every task committed its transaction."""
+        total = sum(m.rows for m in messages if isinstance(m, SluiceCommitMessage))
+        logger.info("write %s: %d rows sent", self.write_id, total)
+        _warn_window(self.options, f"write {self.write_id}", messages)
+
+    def abort(self, messages: list[Any]) -> None:
+        """A task failed for good; what other tasks committed stays (see docs/spark.md)."""
+        done = sum(m.rows for m in messages if isinstance(m, SluiceCommitMessage))
+        logger.warning(
+            "write %s failed; %d rows of its finished tasks were sent (writing again with the "
+            "same writeId sends only the rest)",
+            self.write_id,
+            done,
+        )
+
+
+class SluiceStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc,unused-ignore]
+    """`df.writeStream.format("sluice")`: one transaction per task of each micro-batch."""
+
+    def __init__(self, options: SinkOptions, schema: Any) -> None:
+        self.options = options
+        self.rows = _ArrowRows(schema)
+
+    def write(self, iterator: Iterator[Any]) -> SluiceCommitMessage:
+        """Send this task's rows, with ids from the query, batch, partition and row."""
+        context = _task_context()
+        partition = context.partitionId()
+        write_id = self.options.write_id or context.getLocalProperty(_QUERY_ID_PROPERTY)
+        batch = context.getLocalProperty(_BATCH_ID_PROPERTY)
+        if not write_id or batch is None:
+            raise RuntimeError("the sluice stream sink runs inside a streaming query only")
+        prefix = dedup_prefix(write_id, batch, partition)
+        result = send_transaction(self.options, self.rows.rows(iterator), prefix)
+        return SluiceCommitMessage(partition, result.rows, dict(result.per_destination))
+
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        """Every task of batch `batchId` committed its transaction."""
+        total = sum(m.rows for m in messages if isinstance(m, SluiceCommitMessage))
+        logger.debug("batch %d: %d rows sent", batchId, total)
+        _warn_window(self.options, f"batch {batchId}", messages)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        """A task of batch `batchId` failed; Spark runs the batch again."""
+        logger.warning("batch %d of the sluice sink aborted; it will be written again", batchId)
