@@ -131,3 +131,33 @@ def test_store_limit_pauses_producers(tmp_path: Path) -> None:
     finally:
         assert broker.stop() == 0
     assert "store_limit_bytes reached" in broker.log_text
+
+
+def test_a_large_transaction_is_never_held_in_memory(tmp_path: Path) -> None:
+    broker = BrokerProcess(_config(tmp_path / "data"), tmp_path).start()
+    try:
+        count = (128 * MiB) // MESSAGE_BYTES  # four times the broker's memory limit
+        producer = RawStomp(broker.port, timeout=120)
+        producer.connect()
+        baseline = broker.rss_bytes()
+        producer.send(b"BEGIN\ntransaction:big\n\n\0")
+        filler = b"x" * (MESSAGE_BYTES - 8)
+        for i in range(count):
+            producer.send(
+                b"SEND\ndestination:/queue/tx-paging\npersistent:true\ntransaction:big\n"
+                b"content-length:%d\n\n%08d%b\0" % (MESSAGE_BYTES, i, filler)
+            )
+        producer.send(b"COMMIT\ntransaction:big\nreceipt:committed\n\n\0")
+        assert producer.frame().headers["receipt-id"] == "committed"
+        peak = broker.rss_bytes()
+        consumer = RawStomp(broker.port, timeout=120)
+        consumer.connect()
+        consumer.send(b"SUBSCRIBE\nid:1\ndestination:/queue/tx-paging\nack:auto\n\n\0")
+        for expected in range(count):
+            assert int(consumer.frame().body[:8]) == expected
+            if expected % 256 == 0:
+                peak = max(peak, broker.rss_bytes())
+        print(f"128 MiB transaction: growth {(peak - baseline) / MiB:.1f} MiB")
+        assert peak - baseline < BROKER_LIMIT + ALLOWANCE
+    finally:
+        assert broker.stop() == 0

@@ -129,12 +129,20 @@ class BrokerConnection:
             return None
         if txid is not None:
             tx = self._tx(txid)
-            tx.adds.append((destination, message))
-            tx.held_bytes += message.nbytes
-            broker.usage.add(message.nbytes)
             if message.persistent:
                 broker.track_write(message)
                 broker.store.add(message, broker.write_done, tx.store_id)
+            if (
+                message.persistent
+                and broker.store_pages
+                and destination.kind is DestinationKind.QUEUE
+            ):
+                # The journal has it: a transaction never holds its messages in memory.
+                tx.adds.append((destination, message.without_body()))
+            else:
+                tx.adds.append((destination, message))
+                tx.held_bytes += message.nbytes
+                broker.usage.add(message.nbytes)
             on_stored(None)
             return self._check_flow(destination, message)
         if dedup_id is not None:

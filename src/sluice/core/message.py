@@ -79,7 +79,15 @@ class Message(StoredMessage):
     fills it on first delivery so a message sent to many consumers is encoded once.
     """
 
-    __slots__ = ("delivery_count", "group_id", "in_store", "nbytes", "spooled", "wire")
+    __slots__ = (
+        "delivery_count",
+        "group_id",
+        "in_store",
+        "nbytes",
+        "paged_out",
+        "spooled",
+        "wire",
+    )
 
     def __init__(
         self,
@@ -110,6 +118,9 @@ class Message(StoredMessage):
         self.in_store = False
         # A non-persistent message written to the temp store because memory was full.
         self.spooled = False
+        # Only the store holds the body (a transacted message waiting for COMMIT): the queue
+        # reads it back when it is visible.
+        self.paged_out = False
         self.wire: bytes | None = None
         # Computed once: credit and memory accounting read it on every dispatch.
         nbytes = len(body)
@@ -136,6 +147,24 @@ class Message(StoredMessage):
         msg.delivery_count = delivery_count
         msg.in_store = True
         return msg
+
+    def without_body(self) -> Message:
+        """A copy that keeps what a transaction needs at COMMIT, not the body (which the store
+        has)."""
+        stub = Message(
+            self.destination,
+            self.seq,
+            self.message_id,
+            self.timestamp_ms,
+            self.headers,
+            b"",
+            expires_ms=self.expires_ms,
+            priority=self.priority,
+            persistent=self.persistent,
+        )
+        stub.in_store = True
+        stub.paged_out = True
+        return stub
 
     def expired(self, now_ms: int) -> bool:
         """True once past its `expires` time (0 never expires)."""

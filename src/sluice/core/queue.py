@@ -161,10 +161,16 @@ class Queue(Destination):
         """A transaction commits a message here: assign its sequence (visible once written)."""
         message.seq = self.next_seq()
         message.in_store = message.persistent
+        if message.paged_out:
+            # Its body is in the store only: paging must not pass it before the commit is written.
+            self._unwritten.append(message.seq)
 
     def publish_committed(self, message: Message) -> None:
         """The commit is written: the message becomes available."""
-        self._enqueue(message)
+        if message.paged_out:
+            self._written(message.seq)  # read back from the store by `_page_in`
+        else:
+            self._enqueue(message)
 
     def _enqueue(self, message: Message) -> None:
         if message.seq > self.loaded_seq:
