@@ -99,6 +99,11 @@ class RawProducer:
         assert answer.command == "RECEIPT", answer
         assert answer.headers["receipt-id"] == receipt
 
+    def begin(self, transaction: str) -> None:
+        """BEGIN, with a receipt."""
+        self.raw.send(encode_frame(Command.BEGIN, {"transaction": transaction, "receipt": "b"}))
+        assert self.raw.frame().command == "RECEIPT"
+
     def chunk(
         self,
         stream_id: str,

@@ -2,13 +2,14 @@
 
 `Client.send_pipelined` writes a SEND and returns at once with one of these, so that a caller can
 keep a bounded window of frames on the wire (streams do) without a task per frame. Each one holds
-a slot of the client's receipt bound until it is waited for or cancelled: exactly one of `wait`
-and `cancel` must be called.
+a slot of the client's receipt bound until its RECEIPT (or its failure) comes. Call `wait` or
+`cancel` on each, so that a failure is always seen.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from sluice.client.link import Link
 from sluice.client.slots import Slots
@@ -37,6 +38,7 @@ class PendingReceipt:
         self._timeout_s = timeout_s
         self._released = False
         self.what = what
+        future.add_done_callback(self._done)
 
     @property
     def epoch(self) -> int:
@@ -48,17 +50,22 @@ class PendingReceipt:
         """Whether the RECEIPT (or the failure) has come."""
         return self._future.done()
 
+    @property
+    def succeeded(self) -> bool:
+        """Whether the RECEIPT has come."""
+        future = self._future
+        return future.done() and not future.cancelled() and future.exception() is None
+
+    def add_done_callback(self, callback: Callable[[PendingReceipt], None]) -> None:
+        """Call `callback(self)` once the RECEIPT (or the failure) has come."""
+        self._future.add_done_callback(lambda _: callback(self))
+
     async def wait(self) -> None:
         """Wait for the RECEIPT, at most the client's receipt timeout from now.
 
         Raises `ReceiptTimeout`, `BrokerErrorFrame` or `ConnectionLost` as `Client.send` does.
         """
-        try:
-            await self._link.wait_receipt(
-                self._receipt_id, self._future, self._timeout_s, self.what
-            )
-        finally:
-            self._release()
+        await self._link.wait_receipt(self._receipt_id, self._future, self._timeout_s, self.what)
 
     def cancel(self) -> None:
         """Stop waiting: the outcome stays unknown and the slot is given back."""
@@ -67,9 +74,8 @@ class PendingReceipt:
             future.cancel()
         elif not future.cancelled():
             future.exception()  # seen: the caller chose not to know
-        self._release()
 
-    def _release(self) -> None:
+    def _done(self, future: asyncio.Future[None]) -> None:
         if not self._released:
             self._released = True
             self._slots.release()

@@ -7,11 +7,11 @@ its `JMSXGroupID`), `x-stream-seq` (from 0), `x-stream-offset` (bytes before it)
 are persistent.
 
 `send_stream` keeps at most `window` chunks written but not yet receipted: fast, since the
-journal syncs many of them at once, and bounded, since at most `window + 1` chunks are held in
-memory. With `transactional=True` every chunk goes in one transaction, so the stream appears
-whole at COMMIT or not at all. A live stream whose producer dies is ended by the broker with an
-abort marker; `resume` lets a new producer continue it from the last receipted chunk (see
-docs/streams.md).
+journal syncs many of them at once, and bounded: it holds two chunks (the one being sent and the
+next, read ahead to know which is the last) besides the connection's bounded write buffer. With
+`transactional=True` every chunk goes in one transaction, so the stream appears whole at COMMIT
+or not at all. A live stream whose producer dies is ended by the broker with an abort marker;
+`resume` lets a new producer continue it from the last receipted chunk (see docs/streams.md).
 """
 
 from __future__ import annotations
@@ -313,12 +313,16 @@ async def send_stream(
     # Receipted in order: (pending receipt, progress to report once it comes).
     window_q: deque[tuple[PendingReceipt, StreamProgress]] = deque()
 
+    def report(_: object = None) -> None:
+        # Receipts come in order; report each as it comes, so progress does not lag the window.
+        while window_q and window_q[0][0].succeeded:
+            _, progress = window_q.popleft()
+            if on_progress is not None:
+                on_progress(progress)
+
     async def settle_oldest() -> None:
-        pending, progress = window_q[0]
-        await pending.wait()
-        window_q.popleft()
-        if on_progress is not None:
-            on_progress(progress)
+        await window_q[0][0].wait()
+        report()
 
     transaction = await client.begin() if transactional else None
     epoch: int | None = None
@@ -351,6 +355,7 @@ async def send_stream(
             # Every chunk on the connection of the first: never continue after a gap.
             epoch = pending.epoch
             window_q.append((pending, StreamProgress(sid, seq, offset_end, end)))
+            pending.add_done_callback(report)
             seq += 1
             offset = offset_end
             if following is None:

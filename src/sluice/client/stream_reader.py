@@ -114,6 +114,8 @@ class StreamReader:
         self._failed: ClientError | None = None
         # stream id -> offset at which a continuation is accepted without the resume mark.
         self._expected: OrderedDict[str, int] = OrderedDict()
+        # Messages of connections up to this one are stale: the broker redelivers them.
+        self._dead_epoch = 0
         self.skipped_chunks = 0
         self.last_error: ClientError | None = None
 
@@ -354,6 +356,8 @@ class StreamReader:
     # Helpers.
 
     def _lost(self, stream: InboundStream) -> ClientError:
+        if stream.epoch > self._dead_epoch:
+            self._dead_epoch = stream.epoch
         error = ConnectionLost(
             f"stream {stream.id}: connection lost at offset {stream.position}; its "
             "unacknowledged chunks are redelivered and it comes again as a resumed stream"
@@ -370,7 +374,8 @@ class StreamReader:
         held = self._held
         if held is not None:
             self._held = None
-            return held
+            if not self._stale(held):
+                return held
         subscription = self._subscription
         if subscription is None:
             raise ClientError("the stream reader is not open")
@@ -385,9 +390,22 @@ class StreamReader:
                 wait = EPOCH_POLL_S if wait is None else min(wait, EPOCH_POLL_S)
             message = await subscription.get(wait)
             if message is not None:
+                if self._stale(message):
+                    continue
                 return message
             if stream is not None and self.client.epoch != stream.epoch:
                 return None
+
+    def _stale(self, message: Message) -> bool:
+        """Was `message` delivered on a connection that is gone? The broker redelivers it, so
+        it is dropped here (it could not be acknowledged anyway)."""
+        epoch = message.connection_epoch
+        stale = epoch <= self._dead_epoch or epoch < self.client.epoch or not self.client.connected
+        if stale:
+            logger.debug(
+                "%s: dropped %s of a lost connection", self.destination, message.message_id
+            )
+        return stale
 
     async def _out_of_place(
         self,

@@ -1,0 +1,292 @@
+"""Consumers and producers that die mid-stream, under each stream policy, through the journal
+store: the reader resumes, restarts, or moves on, and raises instead of hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from conftest import RunningBroker
+from sluice.client import (
+    Client,
+    ConnectionLost,
+    InboundStream,
+    StreamAborted,
+    StreamCorrupted,
+    StreamProgress,
+    StreamResume,
+)
+
+from .conftest import Q, RawProducer, journal_broker, payload
+
+CHUNK = 1000
+
+
+def _die(client: Client) -> None:
+    """Drop the client's connection at once, as a crash would (no DISCONNECT, no ACK)."""
+    link = client._connector.link
+    assert link is not None
+    link.abort(ConnectionLost("killed by the test"))
+
+
+async def _connect(broker: RunningBroker, **options: object) -> Client:
+    return await Client.connect(broker.address, **options)  # type: ignore[arg-type]
+
+
+async def _read(stream: InboundStream, count: int) -> bytes:
+    out = bytearray()
+    while len(out) < count:
+        piece = await stream.read(count - len(out))
+        assert piece, "stream ended early"
+        out += piece
+    return bytes(out)
+
+
+async def _rest(stream: InboundStream) -> bytes:
+    out = bytearray()
+    async for piece in stream:
+        out += piece
+    return bytes(out)
+
+
+async def _first_consumer_dies_after(broker: RunningBroker, count: int) -> None:
+    """A consumer reads `count` bytes of the stream waiting on Q, then crashes."""
+    client = await _connect(broker, reconnect=False)
+    reader = await client.stream_reader(Q, prefetch_bytes=3 * CHUNK).open()
+    stream = await reader.next_stream(timeout=5)
+    assert stream is not None
+    await _read(stream, count)
+    # It leaves without finishing the stream (a crash mid-chunk is the CLI tests' business).
+    await client.close()
+
+
+@pytest.mark.parametrize("seed", ["none", "right", "wrong"])
+async def test_consumer_death_resumes_at_the_first_unacknowledged_chunk(
+    jbroker: RunningBroker, seed: str
+) -> None:
+    data = payload(10 * CHUNK)
+    async with await _connect(jbroker) as producer:
+        sent = await producer.send_stream(Q, data, chunk_size=CHUNK)
+    # Chunks 0 and 1 were consumed (the reader asked for bytes past them), chunk 2 half.
+    await _first_consumer_dies_after(jbroker, 2500)
+    async with await _connect(jbroker) as client:
+        async with client.stream_reader(Q) as reader:
+            stream = await reader.next_stream(timeout=5)
+            assert stream is not None
+            assert stream.id == sent.stream_id
+            assert stream.resumed
+            assert stream.resumed_at == 2000
+            if seed == "right":
+                stream.seed_sha256(hashlib.sha256(data[:2000]))
+            elif seed == "wrong":
+                stream.seed_sha256(hashlib.sha256(b"x" * 2000))
+                with pytest.raises(StreamCorrupted, match="SHA-256"):
+                    await _rest(stream)
+                return
+            assert await _rest(stream) == data[2000:]
+            assert stream.verified is (seed == "right")
+            assert stream.sha256 == sent.sha256
+    assert jbroker.stats()["memory_used_bytes"] == 0
+
+
+async def test_restart_policy_starts_again_from_chunk_zero(tmp_path: Path) -> None:
+    broker = journal_broker(tmp_path, stream_policy="restart")
+    try:
+        data = payload(10 * CHUNK)
+        async with await _connect(broker) as producer:
+            await producer.send_stream(Q, data, chunk_size=CHUNK)
+        await _first_consumer_dies_after(broker, 4500)
+        async with await _connect(broker) as client:
+            async with client.stream_reader(Q) as reader:
+                stream = await reader.next_stream(timeout=5)
+                assert stream is not None
+                assert stream.resumed_at == 0
+                assert await _rest(stream) == data
+                assert stream.verified
+        assert broker.stats()["memory_used_bytes"] == 0
+    finally:
+        broker.stop()
+
+
+async def test_discard_policy_moves_the_rest_to_the_dlq(tmp_path: Path) -> None:
+    broker = journal_broker(tmp_path, stream_policy="discard")
+    try:
+        async with await _connect(broker) as producer:
+            await producer.send_stream(Q, payload(10 * CHUNK), chunk_size=CHUNK, stream_id="S")
+            await producer.send_stream(Q, b"next", stream_id="T")
+        await _first_consumer_dies_after(broker, 2500)
+        async with await _connect(broker) as client:
+            async with client.stream_reader(Q) as reader:
+                stream = await reader.next_stream(timeout=5)
+                assert stream is not None
+                assert stream.id == "T"
+                assert await _rest(stream) == b"next"
+            dlq = await client.subscribe("/queue/DLQ.files", ack="auto")
+            seqs = []
+            while (message := await dlq.get(timeout=1)) is not None:
+                assert message.headers["x-stream-id"] == "S"
+                assert "stream_policy=discard" in message.headers["x-dlq-reason"]
+                seqs.append(int(message.headers["x-stream-seq"]))
+            assert seqs == list(range(2, 10))
+    finally:
+        broker.stop()
+
+
+async def test_live_producer_death_aborts_the_stream(jbroker: RunningBroker) -> None:
+    data = payload(2 * CHUNK)
+    raw = RawProducer(jbroker.port)
+    raw.chunk("S", 0, 0, data[:CHUNK])
+    raw.chunk("S", 1, CHUNK, data[CHUNK:])
+    raw.close()  # dies before the end chunk
+    async with await _connect(jbroker) as client:
+        async with client.stream_reader(Q) as reader:
+            stream = await reader.next_stream(timeout=5)
+            assert stream is not None
+            assert await _read(stream, len(data)) == data
+            with pytest.raises(StreamAborted, match="disconnected") as info:
+                await stream.read()
+            assert info.value.offset == len(data)
+            assert await reader.next_stream(timeout=0.3) is None
+    assert jbroker.stats()["memory_used_bytes"] == 0
+
+
+async def test_transactional_producer_death_leaves_nothing(jbroker: RunningBroker) -> None:
+    raw = RawProducer(jbroker.port)
+    raw.begin("t1")
+    raw.chunk("S", 0, 0, b"a" * CHUNK, transaction="t1")
+    raw.chunk("S", 1, CHUNK, b"b" * CHUNK, transaction="t1")
+    async with await _connect(jbroker) as client:
+        async with client.stream_reader(Q) as reader:
+            assert await reader.next_stream(timeout=0.5) is None  # not before COMMIT
+            raw.close()  # dies: the broker aborts the transaction
+            assert await reader.next_stream(timeout=0.5) is None
+    assert jbroker.stats()["memory_used_bytes"] == 0
+
+
+async def _paused(
+    data: bytes, pause_at: int, reached: asyncio.Event, go: asyncio.Event
+) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), CHUNK):
+        if i == pause_at:
+            reached.set()
+            await go.wait()
+        yield data[i : i + CHUNK]
+
+
+async def test_transactional_send_that_fails_is_invisible(jbroker: RunningBroker) -> None:
+    data = payload(6 * CHUNK)
+    reached, never = asyncio.Event(), asyncio.Event()
+    producer = await _connect(jbroker, reconnect=False)
+    sending = asyncio.create_task(
+        producer.send_stream(
+            Q, _paused(data, 4 * CHUNK, reached, never), chunk_size=CHUNK, transactional=True
+        )
+    )
+    await reached.wait()
+    _die(producer)
+    never.set()
+    with pytest.raises(ConnectionLost):
+        await sending
+    await producer.close()
+    async with await _connect(jbroker) as client:
+        async with client.stream_reader(Q) as reader:
+            assert await reader.next_stream(timeout=0.5) is None
+    assert jbroker.stats()["memory_used_bytes"] == 0
+
+
+async def test_live_send_that_fails_is_aborted_then_resumed(jbroker: RunningBroker) -> None:
+    data = payload(6 * CHUNK)
+    reached, go, receipted = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    offsets: list[int] = []
+
+    def progress(done: StreamProgress) -> None:
+        offsets.append(done.offset_end)
+        if done.offset_end == 2 * CHUNK:
+            receipted.set()
+
+    producer = await _connect(jbroker, reconnect=False)
+    sending = asyncio.create_task(
+        producer.send_stream(
+            Q,
+            _paused(data, 3 * CHUNK, reached, go),
+            chunk_size=CHUNK,
+            stream_id="S",
+            on_progress=progress,
+        )
+    )
+    await reached.wait()
+    await receipted.wait()
+    async with await _connect(jbroker) as client:
+        async with client.stream_reader(Q) as reader:
+            stream = await reader.next_stream(timeout=5)
+            assert stream is not None
+            # Paused before chunk 3: chunk 2 waits too (the end is only known by reading ahead).
+            assert await _read(stream, 2 * CHUNK) == data[: 2 * CHUNK]
+            _die(producer)
+            go.set()
+            with pytest.raises(ConnectionLost):
+                await sending
+            await producer.close()
+            with pytest.raises(StreamAborted):
+                await stream.read()
+            # A new producer continues after the last receipted chunk.
+            offset = offsets[-1]
+            assert offset == 2 * CHUNK
+            async with await _connect(jbroker) as again:
+                resume = StreamResume(offset // CHUNK, offset, hashlib.sha256(data[:offset]))
+                sent = await again.send_stream(
+                    Q, data[offset:], chunk_size=CHUNK, stream_id="S", resume=resume
+                )
+            assert sent.resumed_at == offset
+            continued = await reader.next_stream(timeout=5)
+            assert continued is not None
+            assert continued.continued
+            assert continued.resumed_at == offset
+            continued.seed_sha256(hashlib.sha256(data[:offset]))
+            assert await _rest(continued) == data[offset:]
+            assert continued.verified
+
+
+async def test_lost_consumer_connection_fails_the_stream_then_resumes(
+    jbroker: RunningBroker,
+) -> None:
+    data = payload(8 * CHUNK)
+    async with await _connect(jbroker) as producer:
+        await producer.send_stream(Q, data, chunk_size=CHUNK)
+    async with await _connect(jbroker, initial_reconnect_delay_s=0.01) as client:
+        async with client.stream_reader(Q, prefetch_bytes=2 * CHUNK) as reader:
+            stream = await reader.next_stream(timeout=5)
+            assert stream is not None
+            assert await _read(stream, 2500) == data[:2500]
+            epoch = client.epoch
+            _die(client)  # the client reconnects and restores the subscription
+            with pytest.raises(ConnectionLost, match="resumed stream"):
+                await _rest(stream)
+            resumed = await reader.next_stream(timeout=5)
+            assert resumed is not None
+            assert client.epoch > epoch
+            # Acknowledgements not yet written when the connection died are lost with it.
+            assert resumed.resumed_at in (0, 1000, 2000)
+            assert await _rest(resumed) == data[resumed.resumed_at :]
+
+
+@pytest.mark.slow
+async def test_idle_producer_stream_is_aborted(tmp_path: Path) -> None:
+    broker = journal_broker(tmp_path, stream_idle_timeout_s=0.2)
+    try:
+        raw = RawProducer(broker.port)
+        raw.chunk("S", 0, 0, b"x" * 10)  # then nothing: the broker's sweep aborts it
+        async with await _connect(broker) as client:
+            async with client.stream_reader(Q) as reader:
+                stream = await reader.next_stream(timeout=5)
+                assert stream is not None
+                assert await stream.read() == b"x" * 10
+                with pytest.raises(StreamAborted, match="stream_idle_timeout_s"):
+                    await stream.read()
+        raw.close()
+    finally:
+        broker.stop()
