@@ -26,6 +26,11 @@ class FlowControl:
 
     __slots__ = ("_pause", "_reasons", "_resume", "paused_writing_since", "writable")
 
+    @property
+    def reasons_held(self) -> set[ReadPause]:
+        """The live set of reasons (empty while reading): for loops that test it per frame."""
+        return self._reasons
+
     def __init__(self, pause_reading: Callable[[], None], resume_reading: Callable[[], None]):
         self._pause = pause_reading
         self._resume = resume_reading

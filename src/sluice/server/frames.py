@@ -78,26 +78,42 @@ def build_message(frame: Frame, message_id: str, now_ms: int) -> Message:
 
 def encode_common_headers(message: Message, version: Version) -> bytes:
     """The header lines every delivery of a message shares, through the blank line."""
-    escape = version is not Version.V1_0
-    lines = [
-        "destination:" + _v(message.destination, escape, version),
-        "message-id:" + _v(message.message_id, escape, version),
-        f"timestamp:{message.timestamp_ms}",
-        f"x-offset:{message.seq}",
-    ]
+    if version is Version.V1_0:
+        destination, message_id = message.destination, message.message_id
+    else:
+        destination = _escaped_destination(message.destination, version)
+        message_id = escape_value(message.message_id, version)
+    text = (
+        f"destination:{destination}\nmessage-id:{message_id}\n"
+        f"timestamp:{message.timestamp_ms}\nx-offset:{message.seq}\n"
+    )
     if message.expires_ms:
-        lines.append(f"expires:{message.expires_ms}")
+        text += f"expires:{message.expires_ms}\n"
     if message.priority != DEFAULT_PRIORITY:
-        lines.append(f"priority:{message.priority}")
+        text += f"priority:{message.priority}\n"
     if message.persistent:
-        lines.append("persistent:true")
-    for key, value in message.headers.items():
-        lines.append(_v(key, escape, version) + ":" + _v(value, escape, version))
-    lines.append(f"content-length:{len(message.body)}")
-    lines.append("")
-    lines.append("")
-    return "\n".join(lines).encode()
+        text += "persistent:true\n"
+    if message.headers:
+        if version is Version.V1_0:
+            text += "".join(f"{k}:{v}\n" for k, v in message.headers.items())
+        else:
+            text += "".join(
+                f"{escape_value(k, version)}:{escape_value(v, version)}\n"
+                for k, v in message.headers.items()
+            )
+    return f"{text}content-length:{len(message.body)}\n\n".encode()
 
 
-def _v(value: str, escape: bool, version: Version) -> str:
-    return escape_value(value, version) if escape else value
+_DESTINATION_CACHE_SIZE = 4096
+_escaped_destinations: dict[tuple[str, Version], str] = {}
+
+
+def _escaped_destination(name: str, version: Version) -> str:
+    # Destinations repeat: escape each once (a bounded cache, cleared when full).
+    key = (name, version)
+    escaped = _escaped_destinations.get(key)
+    if escaped is None:
+        if len(_escaped_destinations) >= _DESTINATION_CACHE_SIZE:
+            _escaped_destinations.clear()
+        escaped = _escaped_destinations[key] = escape_value(name, version)
+    return escaped

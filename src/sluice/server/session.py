@@ -210,9 +210,9 @@ class StompSession(asyncio.Protocol):
             return
         self._processing = True
         stomp = self.stomp
-        flow = self.flow
+        reasons = self.flow.reasons_held
         try:
-            while not flow.reading_paused and not self._closing:
+            while not reasons and not self._closing:
                 event = stomp.next_event()
                 if event is None:
                     break

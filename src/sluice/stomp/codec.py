@@ -386,13 +386,16 @@ def escape_value(value: str, version: Version) -> str:
     end in 1.0/1.1, which a reader would take for part of a CRLF).
     """
     if version is Version.V1_2:
-        if "\\" in value or "\r" in value or "\n" in value or ":" in value:
+        if "\\" in value or "\r" in value or "\n" in value:
             value = (
                 value.replace("\\", "\\\\")
                 .replace("\r", "\\r")
                 .replace("\n", "\\n")
                 .replace(":", "\\c")
             )
+        elif ":" in value:
+            # The common case (message ids, URLs): one replace instead of four.
+            value = value.replace(":", "\\c")
         return value
     if value.endswith("\r"):
         raise LocalProtocolError(f"STOMP {version.value} cannot carry a header ending in CR")

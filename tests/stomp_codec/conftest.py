@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from stomp_helpers import TRAILER, Event, Parse, bytewise, drain
 
 from sluice.stomp.codec import FrameParser, StompLimits
 from sluice.stomp.frames import Version
+
+from .stomp_helpers import TRAILER, Event, Parse, bytewise, drain
 
 
 @pytest.fixture(params=["whole", "bytewise", "trailing"])

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from stomp_helpers import drain
 
 from sluice.errors import LocalProtocolError, RemoteProtocolError
 from sluice.stomp.codec import FrameParser, StompLimits, encode_frame
 from sluice.stomp.connection import Role, StompConnection
 from sluice.stomp.frames import BODY_COMMANDS, Command, Frame, HeartBeat, Version
+
+from .stomp_helpers import drain
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 RAW_COMMANDS = {Command.CONNECT, Command.STOMP, Command.CONNECTED}

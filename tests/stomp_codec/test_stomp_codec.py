@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from stomp_helpers import Parse, bytewise, drain
 
 from sluice.errors import FrameLimitExceeded, LocalProtocolError, RemoteProtocolError
 from sluice.stomp.codec import (
@@ -16,6 +15,8 @@ from sluice.stomp.codec import (
     escape_value,
 )
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
+
+from .stomp_helpers import Parse, bytewise, drain
 
 HB = HeartBeat()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from stomp_helpers import TRAILER, Event, bytewise
 
 from sluice.errors import FrameLimitExceeded, LocalProtocolError, RemoteProtocolError
 from sluice.stomp.codec import FrameParser, StompLimits, encode_frame
@@ -19,6 +18,8 @@ from sluice.stomp.connection import (
 )
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
 from sluice.stomp.negotiation import negotiate_heartbeat, parse_heartbeat
+
+from .stomp_helpers import TRAILER, Event, bytewise
 
 V10, V11, V12 = Version.V1_0, Version.V1_1, Version.V1_2
 CONNECT_12 = b"CONNECT\naccept-version:1.0,1.1,1.2\nhost:h\nheart-beat:0,0\n\n\0"
