@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -38,8 +39,10 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 
 # The put state file is written at most this often while chunks are receipted.
-STATE_SAVE_INTERVAL_S = 0.5
-_SIZE_UNITS = {"": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3}
+STATE_SAVE_INTERVAL_S = 0.2
+# Sizes are binary whichever way they are written: 64k, 64KB and 64KiB are 65536 bytes.
+_SIZE = re.compile(r"(\d+)\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib)")
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
 class TransferError(SluiceError):
@@ -47,12 +50,10 @@ class TransferError(SluiceError):
 
 
 def _size(text: str) -> int:
-    value = text.strip().lower()
-    digits = value.rstrip("kimgb")
-    unit = value[len(digits) :].removesuffix("b") if value[len(digits) :] != "b" else ""
-    if not digits.isdigit() or unit not in _SIZE_UNITS:
+    match = _SIZE.fullmatch(text.strip().lower())
+    if match is None:
         raise argparse.ArgumentTypeError(f"expected a size such as 1048576, 256KiB or 4MiB: {text}")
-    return int(digits) * _SIZE_UNITS[unit]
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).removesuffix("b").removesuffix("i")]
 
 
 def _default_state_dir() -> Path:

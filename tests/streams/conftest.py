@@ -175,3 +175,14 @@ def wait_until(predicate: Callable[[], object], timeout: float = 20.0, what: str
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what or predicate}")
         time.sleep(0.02)
+
+
+@pytest.fixture
+def refused_address() -> str:
+    """A 127.0.0.1 address where nothing listens."""
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"127.0.0.1:{port}"
