@@ -29,7 +29,13 @@ def _imports(path: Path) -> list[str]:
         if isinstance(node, ast.Import):
             found.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append(node.module)
+            for alias in node.names:
+                # `from sluice.store.journal import format` imports the module
+                # sluice.store.journal.format: judge that, not its package.
+                dotted = f"{node.module}.{alias.name}"
+                module_path = SRC.parent / dotted.replace(".", "/")
+                is_module = module_path.with_suffix(".py").exists() or module_path.is_dir()
+                found.append(dotted if is_module else node.module)
     return [name for name in found if name == "sluice" or name.startswith("sluice.")]
 
 
@@ -57,3 +63,5 @@ def test_rule_catches_a_wrong_arrow() -> None:
     assert not _allowed("core", "sluice.store.journal.store")
     assert _allowed("core", "sluice.store.api")
     assert _allowed("server", "sluice.stomp.codec")
+    assert _allowed("spark", "sluice.store.journal.format")
+    assert not _allowed("spark", "sluice.store.journal.store")
