@@ -21,7 +21,10 @@ pytest.importorskip("pyarrow", reason="the spark extra is not installed")
 if shutil.which("java") is None:
     pytest.skip("no java on PATH (Spark needs a JDK 17+)", allow_module_level=True)
 
-from conftest import RunningBroker, start_broker  # noqa: E402
+from pyspark.sql import SparkSession
+
+import sluice.spark
+from conftest import RunningBroker, start_broker
 
 QUIET_LOG4J = """\
 rootLogger.level = error
@@ -59,17 +62,14 @@ def log4j_file(directory: Path) -> Path:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local Spark session with the Sluice data sources registered."""
-    from pyspark.sql import SparkSession
-
-    import sluice.spark
-
     os.environ.update(spark_environment())
     log_config = log4j_file(tmp_path_factory.mktemp("spark-conf"))
     builder = SparkSession.builder.master("local[2]").appName("sluice-tests")
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
     builder = builder.config(
-        "spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{log_config}"
+        "spark.driver.extraJavaOptions",
+        f"-Dlog4j.configurationFile=file:{log_config} -XX:TieredStopAtLevel=1",
     )
     session = builder.getOrCreate()
     sluice.spark.register(session)

@@ -6,20 +6,17 @@ import datetime
 from typing import Any
 
 import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from conftest import RunningBroker
+from sluice.spark.journal_source import journal_schema
 from sluice.spark.offsets import fetch_offsets
-from sluice.spark.options import sink_options
-from sluice.spark.produce import send_transaction
+from sluice.spark.schema import JOURNAL_ARROW_SCHEMA, TOPIC_ARROW_SCHEMA
+from sluice.spark.source import topic_schema
+
+from .helpers import publish
 
 pytestmark = pytest.mark.spark
-
-
-def publish(broker: RunningBroker, topic: str, bodies: list[bytes], **headers: str) -> None:
-    """Send `bodies` to `topic` in one transaction, each with `headers` and its index as `n`."""
-    options = sink_options({"broker": broker.address, "destination": topic})
-    rows = ((None, {**headers, "n": str(i)}, body) for i, body in enumerate(bodies))
-    send_transaction(options, rows, f"test:{topic}:")
 
 
 def read(spark: Any, broker: RunningBroker, topic: str, **options: str) -> Any:
@@ -68,12 +65,6 @@ def test_schema_is_the_documented_one(spark: Any, spark_broker: RunningBroker) -
 
 
 def test_arrow_schema_matches_spark(spark: Any) -> None:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    from sluice.spark.journal_source import journal_schema
-    from sluice.spark.schema import JOURNAL_ARROW_SCHEMA, TOPIC_ARROW_SCHEMA
-    from sluice.spark.source import topic_schema
-
     assert to_arrow_schema(topic_schema(), timezone="UTC").equals(TOPIC_ARROW_SCHEMA)
     assert to_arrow_schema(journal_schema(), timezone="UTC").equals(JOURNAL_ARROW_SCHEMA)
 
