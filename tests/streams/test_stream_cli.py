@@ -187,6 +187,8 @@ def _stalled_put(process: BrokerProcess, source: Path, state: Path, *flags: str)
     journal = process.workdir / "data" / "journal"
 
     def progressed() -> bool:
+        if put.poll() is not None:
+            raise AssertionError(f"put ended before it could be stopped: {put.returncode}")
         if "--transactional" in flags:
             # Its progress is not in the state file: look for a second journal file.
             return len(list(journal.glob("db-*.log"))) >= 2
@@ -216,7 +218,7 @@ def _stalled_put(process: BrokerProcess, source: Path, state: Path, *flags: str)
 def test_put_killed_mid_stream_continues_without_duplicates(
     broker_process: BrokerProcess, tmp_path: Path
 ) -> None:
-    data = payload(12 * 1024 * 1024)
+    data = payload(48 * 1024 * 1024)
     source = tmp_path / "movie.bin"
     source.write_bytes(data)
     state = tmp_path / "state"
@@ -249,7 +251,7 @@ def test_put_killed_mid_stream_continues_without_duplicates(
 def test_transactional_put_killed_leaves_nothing_then_sends_whole(
     broker_process: BrokerProcess, tmp_path: Path
 ) -> None:
-    data = payload(12 * 1024 * 1024)
+    data = payload(48 * 1024 * 1024)
     source = tmp_path / "ledger.bin"
     source.write_bytes(data)
     state = tmp_path / "state"
