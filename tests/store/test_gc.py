@@ -50,6 +50,9 @@ def fill_and_drain(h: Harness, first: int, count: int, size: int = 2048) -> None
     s = journal(h)
     for seq in range(first, first + count):
         h.track(s.add(msg(Q, seq, os.urandom(size)), None))
+    # Written before removed: a remove that caught its add still pending would cancel it, and
+    # how many were cancelled would depend on the writer thread's timing.
+    h.settle()
     for seq in range(first, first + count):
         h.track(s.remove(Q, seq))
     h.settle()
