@@ -56,6 +56,15 @@ def _size(text: str) -> int:
     return int(match.group(1)) * _SIZE_UNITS[match.group(2).removesuffix("b").removesuffix("i")]
 
 
+def _count(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least {minimum}: {text}")
+        return int(text)
+
+    return parse
+
+
 def _default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "sluice" / "put"
@@ -83,7 +92,7 @@ def add_transfer_parsers(sub: Any, client_args: Any) -> None:
     )
     p.add_argument(
         "--window",
-        type=int,
+        type=_count(1),
         default=DEFAULT_STREAM_WINDOW,
         help="chunks sent ahead of their receipts (default %(default)s)",
     )
@@ -99,7 +108,9 @@ def add_transfer_parsers(sub: Any, client_args: Any) -> None:
     client_args(g)
     g.add_argument("destination")
     g.add_argument("directory", type=Path)
-    g.add_argument("-n", "--count", type=int, default=1, help="files to receive (0: until timeout)")
+    g.add_argument(
+        "-n", "--count", type=_count(0), default=1, help="files to receive (0: until timeout)"
+    )
     g.add_argument(
         "--timeout", type=float, default=None, help="seconds to wait for each stream to start"
     )
@@ -381,8 +392,6 @@ def run_get(args: argparse.Namespace) -> int:
     """`sluice get DEST DIR`."""
     from sluice.client import BlockingClient  # noqa: PLC0415
 
-    if args.count < 0:
-        raise TransferError("--count must not be negative")
     folder = GetDir(args.directory)
     for warning in folder.load():
         print(f"sluice get: {warning}", file=sys.stderr)

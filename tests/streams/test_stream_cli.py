@@ -90,6 +90,13 @@ def test_exit_codes(jbroker: RunningBroker, tmp_path: Path, refused_address: str
     usage = run_cli("put", "x", Q, "--chunk-size", "banana")
     assert usage.returncode == 2
     assert "--chunk-size" in usage.stderr
+    assert run_cli("put", "x", Q, "--window", "0").returncode == 2
+    assert run_cli("get", Q, "d", "--count", "-1").returncode == 2
+    drained = run_cli(
+        "get", Q, str(tmp_path / "o"), "--broker", jbroker.address, "--count", "0",
+        "--timeout", "0.3",
+    )  # fmt: skip
+    assert drained.returncode == 0, drained.stderr
     empty = run_cli("get", Q, str(tmp_path / "o"), "--broker", jbroker.address, "--timeout", "0.3")
     assert empty.returncode == 1
     assert _lines(empty.stderr) == ["sluice get: no stream within 0.3 s (received 0 of 1)"]

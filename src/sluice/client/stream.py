@@ -305,7 +305,7 @@ async def send_stream(
     sid = stream_id if stream_id is not None else uuid.uuid4().hex
     base = _base_headers(headers, sid)
     if resume is not None:
-        seq, offset, hasher = resume.next_seq, resume.offset, resume.sha256
+        seq, offset, hasher = resume.next_seq, resume.offset, resume.sha256.copy()
     else:
         seq, offset, hasher = 0, 0, hashlib.sha256()
     started_at = offset

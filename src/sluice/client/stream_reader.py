@@ -104,7 +104,10 @@ class StreamReader:
         self.client = client
         self.destination = destination
         self.prefetch_bytes = prefetch_bytes
-        self.on_gap = GapPolicy(on_gap)
+        try:
+            self.on_gap = GapPolicy(on_gap)
+        except ValueError:
+            raise ClientError(f"on_gap must be 'raise' or 'skip' (got {on_gap!r})") from None
         self._headers = dict(headers) if headers else {}
         self._id = id
         self._subscription: Subscription | None = None
@@ -245,7 +248,7 @@ class StreamReader:
         chunk, problem = parse_chunk(message)
         if chunk is None:
             assert problem is not None
-            await self._out_of_place(None, message, None, problem, StreamCorrupted)
+            await self._out_of_place(message, None, problem, StreamCorrupted)
             return None
         if chunk.abort:
             self._expected.pop(chunk.stream_id, None)
@@ -261,14 +264,13 @@ class StreamReader:
         if chunk.seq == 0:
             if chunk.offset not in (None, 0):
                 await self._out_of_place(
-                    None, message, chunk, f"is chunk 0 at offset {chunk.offset}", StreamCorrupted
+                    message, chunk, f"is chunk 0 at offset {chunk.offset}", StreamCorrupted
                 )
                 return None
         elif chunk.offset is not None and self._expected.get(chunk.stream_id) == chunk.offset:
             continued = True
         elif not (message.redelivered and chunk.offset is not None):
             await self._out_of_place(
-                None,
                 message,
                 chunk,
                 "is a mid-stream chunk without the resume mark (redelivered, x-stream-offset)",
@@ -299,8 +301,7 @@ class StreamReader:
         chunk, problem = parse_chunk(message)
         if chunk is None:
             assert problem is not None
-            await self._out_of_place(stream, message, None, problem, StreamCorrupted)
-            raise AssertionError("unreachable")  # _out_of_place raised
+            raise self._reject(stream, message, None, problem, StreamCorrupted)
         if chunk.stream_id == stream.id:
             if chunk.abort:
                 await self._ack_quietly(message)
@@ -324,8 +325,7 @@ class StreamReader:
                 reason = f"is at offset {chunk.offset} where {stream.next_offset} was due"
         else:
             reason = f"of stream {chunk.stream_id} came in the middle of stream {stream.id}"
-        await self._out_of_place(stream, message, chunk, reason, StreamOutOfOrder)
-        raise AssertionError("unreachable")
+        raise self._reject(stream, message, chunk, reason, StreamOutOfOrder)
 
     async def ack_chunk(self, stream: InboundStream, message: Message, *, receipt: bool) -> None:
         """Acknowledge a chunk of `stream`; a lost connection fails the stream."""
@@ -407,15 +407,10 @@ class StreamReader:
             )
         return stale
 
-    async def _out_of_place(
-        self,
-        stream: InboundStream | None,
-        message: Message,
-        chunk: Chunk | None,
-        reason: str,
-        kind: type[StreamCorrupted],
-    ) -> None:
-        """A chunk that fails a check: never handed out. Raises unless skipping it while idle."""
+    def _error(
+        self, message: Message, chunk: Chunk | None, reason: str, kind: type[StreamCorrupted]
+    ) -> StreamCorrupted:
+        """The error for a chunk that fails a check, logged and kept as `last_error`."""
         skip = self.on_gap is GapPolicy.SKIP
         stream_id = chunk.stream_id if chunk is not None else message.headers.get(STREAM_ID)
         what = f"chunk {chunk.seq} of stream {stream_id}" if chunk is not None else "message"
@@ -428,14 +423,35 @@ class StreamReader:
         )
         logger.warning("%s: %s", self.destination, error)
         self.last_error = error
-        if stream is not None:
-            stream.fail(error)
-        if not skip:
-            self._failed = error
-            raise error
-        if stream is not None:
-            # Looked at again when the next stream is asked for: it may start one.
+        return error
+
+    def _reject(
+        self,
+        stream: InboundStream,
+        message: Message,
+        chunk: Chunk | None,
+        reason: str,
+        kind: type[StreamCorrupted],
+    ) -> StreamCorrupted:
+        """A chunk out of place while reading `stream`: the stream fails, and so does the
+        reader under `raise` (the chunk stays unacknowledged); under `skip` the chunk is looked
+        at again when the next stream is asked for, as it may start one. Returns the error."""
+        error = self._error(message, chunk, reason, kind)
+        stream.fail(error)
+        if self.on_gap is GapPolicy.SKIP:
             self._held = message
+        else:
+            self._failed = error
+        return error
+
+    async def _out_of_place(
+        self, message: Message, chunk: Chunk | None, reason: str, kind: type[StreamCorrupted]
+    ) -> None:
+        """A chunk that cannot start a stream: raise (and stop) under `raise`, drop it under
+        `skip`."""
+        error = self._error(message, chunk, reason, kind)
+        if self.on_gap is not GapPolicy.SKIP:
+            self._failed = error
             raise error
         self.skipped_chunks += 1
         await self._ack_quietly(message)
