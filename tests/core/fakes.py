@@ -79,6 +79,10 @@ class FakeLink:
     def resume_producer(self, reason: FlowReason) -> None:
         self.paused.discard(reason)
 
+    @property
+    def reading_paused(self) -> bool:
+        return bool(self.paused)
+
     def bodies(self) -> list[bytes]:
         return [m.body for _, m, _, _ in self.delivered]
 

@@ -1,12 +1,9 @@
-"""Broker-side behaviour of streams found while building the client: each test here fails today
-and is marked `xfail(strict=True)`, so that the fix shows up as an unexpected pass."""
+"""Broker-side behaviour of streams found while building the client."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-
-import pytest
 
 from conftest import start_broker
 from sluice.client import Client, ConnectionLost
@@ -14,10 +11,6 @@ from sluice.client import Client, ConnectionLost
 from .conftest import Q, payload, wait_until
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the idle sweep aborts a live stream whose producer the broker itself has paused",
-)
 async def test_stream_of_a_producer_paused_by_flow_control_is_not_aborted_as_idle() -> None:
     # Memory store: persistent messages stay in memory, so a full destination pauses producers.
     broker = start_broker(
@@ -42,7 +35,7 @@ async def test_stream_of_a_producer_paused_by_flow_control_is_not_aborted_as_idl
                     stream = await reader.next_stream(timeout=5)
                     assert stream is not None
                     out = bytearray()
-                    async for piece in stream:  # raises StreamAborted today
+                    async for piece in stream:
                         out += piece
                     assert bytes(out) == data
             await sending

@@ -47,6 +47,11 @@ class ClientLink(Link, Protocol):
         """Read again."""
         ...
 
+    @property
+    def reading_paused(self) -> bool:
+        """Is the broker holding this connection's input back (for whatever reason)?"""
+        ...
+
 
 class WildcardSubscription:
     """A subscription to every topic a pattern matches, now and later: one child subscription
@@ -183,6 +188,12 @@ class BrokerConnection:
     def abort_streams(self, reason: str, older_than_ms: int | None = None) -> None:
         """Send an abort marker into each open stream (all, or those idle since before
         `older_than_ms`), so readers fail clearly instead of waiting forever."""
+        if older_than_ms is not None and self.link.reading_paused:
+            # The broker is not reading this producer (flow control): it is held, not idle.
+            now_ms = self.broker.now_ms()
+            for key in self.open_streams:
+                self.open_streams[key] = now_ms
+            return
         for (destination, stream_id), last_ms in list(self.open_streams.items()):
             if older_than_ms is not None and last_ms >= older_than_ms:
                 continue

@@ -195,6 +195,11 @@ class StompSession(asyncio.Protocol):
         """The core dispatches to this connection only while it is writable."""
         return self.flow.writable and not self._closing
 
+    @property
+    def reading_paused(self) -> bool:
+        """The broker is not reading this connection (flow control)."""
+        return self.flow.reading_paused
+
     def pause_producer(self, reason: FlowReason) -> None:
         """The core asks to stop reading this producer."""
         self.flow.pause(_FLOW_TO_PAUSE[reason])
