@@ -56,7 +56,7 @@ def test_resume_continues_from_the_first_unacknowledged_chunk() -> None:
     first.ack(d[0][2])  # chunk 0 done; chunk 1 in flight
     first.close()
     h.loop.run()
-    second, link2 = _stream_consumer(h, prefetch=10)
+    _second, link2 = _stream_consumer(h, prefetch=10)
     h.loop.run()
     got = link2.take()
     assert [m.body for _, m, _, _ in got] == [b"S-1", b"S-2", b"S-3", b"S-4"]
@@ -91,7 +91,7 @@ def test_discard_sends_the_rest_of_the_stream_to_the_dlq() -> None:
     first.ack(link1.take()[0][2])
     first.close()
     h.loop.run()
-    second, link2 = _stream_consumer(h, prefetch=10)
+    _second, link2 = _stream_consumer(h, prefetch=10)
     _chunks(h, producer, "T", 1)
     assert link2.bodies() == [b"T-0"]
     dlq, dlq_link = h.connect()
