@@ -3,19 +3,35 @@
 #   make test   ruff, mypy and pytest
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-dev
+STAMP_RUN := $(VENV)/.installed
+STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest setup clean
+.PHONY: run test lint typecheck pytest setup clean java
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
 
-setup: $(STAMP)
+# The broker alone.
+$(STAMP_RUN): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e .
+	touch $(STAMP_RUN)
 
-run: setup
+# Everything the tests need: ruff, mypy, pytest, stomp.py, and the Spark connector's pyspark.
+$(STAMP_DEV): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	touch $(STAMP_DEV) $(STAMP_RUN)
+
+# Spark (the connector's tests) needs a JDK 17+; install one from Debian when none is on PATH.
+java:
+	@command -v java >/dev/null 2>&1 || { \
+		echo "installing a JDK for Spark"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends openjdk-17-jre-headless >/dev/null; }
+
+setup: $(STAMP_DEV)
+
+run: $(STAMP_RUN)
 	$(VENV)/bin/sluice broker --store journal --data ./data
 
 lint: setup
@@ -25,7 +41,7 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-pytest: setup
+pytest: setup java
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
