@@ -191,6 +191,7 @@ class Broker:
                 destination.wakeup()
             elif isinstance(destination, Topic):
                 destination.base_seq = destination.last_seq + 1
+                destination.restore_retention()
         for sub in recovery.subscriptions:
             topic = self.destination(sub.destination)
             if isinstance(topic, Topic):

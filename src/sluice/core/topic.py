@@ -316,6 +316,17 @@ class Topic(Destination):
         sub.next_seq = durable.cursor + 1
         super().add_subscription(sub)
 
+    def restore_retention(self) -> None:
+        """After a restart, keep what the store holds for at least another retention period:
+        the exact times and sizes of the messages before the restart are not known here, and
+        keeping a little longer is the safe side."""
+        policy = self.policy
+        if not (policy.retention_s or policy.retention_bytes):
+            return
+        first = self.store.first_seq(self.name)
+        if first:
+            self._retention_marks.appendleft((first, self.services.now_ms(), 0))
+
     def restore_durable(self, recovered: RecoveredSubscription) -> None:
         """A durable subscription read back from the store. Whatever it had not acknowledged may
         have been delivered before the stop: it comes back marked redelivered."""
