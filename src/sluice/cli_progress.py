@@ -95,27 +95,33 @@ class Progress:
         """Seconds since the start."""
         return time.monotonic() - self._started_s
 
-    def _line(self, now: float) -> str:
+    def _line(self, now: float, width: int) -> str:
+        """The progress line, fitted to `width` columns: the bar goes first, then the label."""
         rate = self.rate(now)
         total = self.total
         if total:
             fraction = min(1.0, self.done / total)
             filled = int(fraction * _BAR_CHARS)
-            bar = "#" * filled + "-" * (_BAR_CHARS - filled)
+            bar = " [" + "#" * filled + "-" * (_BAR_CHARS - filled) + "]"
             left = (total - self.done) / rate if rate > 0 else None
             eta = format_duration(left) if left is not None else "?"
-            return (
-                f"{self.label} {fraction * 100:5.1f}% [{bar}] {format_bytes(self.done)}"
+            numbers = (
+                f" {fraction * 100:5.1f}%{{bar}} {format_bytes(self.done)}"
                 f" / {format_bytes(total)}  {format_bytes(rate)}/s  ETA {eta}"
             )
-        return f"{self.label} {format_bytes(self.done)}  {format_bytes(rate)}/s"
+        else:
+            bar = ""
+            numbers = f"{{bar}} {format_bytes(self.done)}  {format_bytes(rate)}/s"
+        if len(self.label) + len(numbers.format(bar=bar)) > width:
+            bar = ""
+        tail = numbers.format(bar=bar)
+        room = max(8, width - len(tail))
+        label = self.label if len(self.label) <= room else self.label[: room - 1] + "~"
+        return (label + tail)[:width]
 
     def _draw(self, now: float) -> None:
-        width = shutil.get_terminal_size((80, 24)).columns
-        line = self._line(now)
-        if len(line) >= width:
-            line = line[: max(10, width - 1)]
-        self._out.write("\r" + line.ljust(width - 1))
+        width = shutil.get_terminal_size((80, 24)).columns - 1
+        self._out.write("\r" + self._line(now, width).ljust(width))
         self._out.flush()
         self._drawn = True
 
