@@ -357,8 +357,8 @@ class Client(StreamMethods):
 
         Waits only for a receipt slot and for room in the write buffer. With `epoch`, the frame
         goes out on that connection or not at all (`ConnectionLost`), so that a sequence of
-        frames never continues on a new connection after a gap. Call `wait()` (or `cancel()`)
-        on the result exactly once.
+        frames never continues on a new connection after a gap. Call `wait()` or `cancel()` on
+        the result, so that a failure is always seen.
         """
         frame_headers = dict(headers) if headers else {}
         frame_headers.pop("receipt", None)
