@@ -396,24 +396,28 @@ def run_get(args: argparse.Namespace) -> int:
     for warning in folder.load():
         print(f"sluice get: {warning}", file=sys.stderr)
     getter = _Getter(args, folder)
-    with BlockingClient(args.broker, login=args.login, passcode=args.passcode) as client:
-        reader = client.stream_reader(
-            args.destination, prefetch_bytes=args.prefetch_bytes, on_gap="skip"
-        )
-        with reader:
+    try:
+        with (
+            BlockingClient(args.broker, login=args.login, passcode=args.passcode) as client,
+            client.stream_reader(
+                args.destination, prefetch_bytes=args.prefetch_bytes, on_gap="skip"
+            ) as reader,
+        ):
             getter.prepare(reader)
             while args.count == 0 or getter.received < args.count:
                 stream = reader.next_stream(args.timeout)
                 if stream is None:
                     if args.count == 0:
                         break
+                    dropped = f", {getter.failures} corrupt" if getter.failures else ""
                     raise TransferError(
                         f"no stream within {args.timeout:g} s"
-                        f" (received {getter.received} of {args.count})"
+                        f" (received {getter.received} of {args.count}{dropped})"
                     )
                 getter.receive(stream)
-        skipped = reader.skipped_chunks
-    folder.tidy()
+            skipped = reader.skipped_chunks
+    finally:
+        folder.tidy()
     if getter.failures or skipped:
         raise TransferError(
             f"{getter.failures} corrupt streams and {skipped} chunks out of place were dropped"

@@ -286,3 +286,22 @@ async def test_abort_marker_of_an_unseen_stream_is_acknowledged(
             assert stream.id == "T"
             assert await stream.read() == b"t"
     assert jbroker.stats()["memory_used_bytes"] == 0
+
+
+async def test_corrupt_stream_skipped_then_next(
+    jbroker: RunningBroker, producer: RawProducer
+) -> None:
+    data = payload(20)
+    producer.chunk("S", 0, 0, data[:10])
+    producer.chunk("S", 1, 10, data[10:], end=b"not the data")
+    producer.stream("T", b"fine", 10)
+    async with await Client.connect(jbroker.address) as client:
+        async with client.stream_reader(Q, on_gap="skip") as reader:
+            stream = await _next(reader)
+            with pytest.raises(StreamCorrupted, match="skipped") as info:
+                await _drain(stream, bytearray())
+            assert info.value.skipped
+            following = await _next(reader)
+            assert following.id == "T"
+            assert await following.read() == b"fine"
+    assert jbroker.stats()["memory_used_bytes"] == 0

@@ -14,7 +14,16 @@ from brokerproc import BrokerProcess
 from conftest import RunningBroker
 from sluice.client import BlockingClient
 
-from .conftest import JOURNAL_FILE_BYTES, Q, payload, run_cli, sha, start_cli, wait_until
+from .conftest import (
+    JOURNAL_FILE_BYTES,
+    Q,
+    RawProducer,
+    payload,
+    run_cli,
+    sha,
+    start_cli,
+    wait_until,
+)
 
 BROKER_TOML = f"""
 [store]
@@ -285,3 +294,18 @@ def test_transactional_put_killed_leaves_nothing_then_sends_whole(
     assert get.returncode == 0, get.stderr
     assert "aborted" not in get.stderr
     assert (out / "ledger.bin").read_bytes() == data
+
+
+def test_get_drops_a_corrupt_stream(jbroker: RunningBroker, tmp_path: Path) -> None:
+    raw = RawProducer(jbroker.port)
+    try:
+        raw.chunk("S", 0, 0, b"0123456789", x_stream_name="bad.bin")
+        raw.chunk("S", 1, 10, b"abc", end=b"something else", x_stream_name="bad.bin")
+    finally:
+        raw.close()
+    out = tmp_path / "out"
+    get = run_cli("get", Q, str(out), "--broker", jbroker.address, "--timeout", "0.5")
+    assert get.returncode == 1
+    assert "SHA-256" in get.stderr
+    assert "bad.bin.part deleted" in get.stderr
+    assert sorted(p.name for p in out.iterdir()) == []
