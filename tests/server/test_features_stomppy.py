@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import stomp
+
 from conftest import RunningBroker, start_broker
 from server.test_interop_stomppy import Collector, _connect, _subscribe
 

@@ -7,8 +7,8 @@ import uuid
 from typing import Any
 
 import pytest
-
 import stomp
+
 from conftest import RunningBroker, start_broker
 
 CONNECTIONS = {"1.0": stomp.Connection10, "1.1": stomp.Connection11, "1.2": stomp.Connection12}
