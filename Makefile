@@ -35,8 +35,8 @@ run: $(STAMP_RUN)
 	$(VENV)/bin/sluice broker --store journal --data ./data
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff check --no-cache src tests benchmarks examples
+	$(VENV)/bin/ruff format --no-cache --check src tests benchmarks examples
 
 typecheck: setup
 	$(VENV)/bin/mypy
