@@ -56,6 +56,9 @@ PAGE_MESSAGES = 1000
 PAGE_BYTES = 8 << 20
 # Dispatch marks are written this many sequences ahead of dispatch.
 MARK_STEP = 1000
+# At most this many evicted sequences are remembered per queue; beyond it, messages that cannot
+# be dispatched stay in memory and the queue's producers wait (flow control) instead.
+MAX_EVICTED = 100_000
 
 _PRIORITY_SHIFT = 44
 # Without a store that survives restarts there is nothing to mark.
@@ -542,9 +545,13 @@ class Queue(Destination):
                 self._discarded.pop(message.group_id, None)
         if not delivered and skipped and self.usage.full and self.store_pages:
             # Nothing here can go anywhere and memory is full: make room for what can.
-            for key, message in skipped:
+            room = MAX_EVICTED - len(self._evicted)
+            if room < len(skipped):
+                self.services.count("limit_max_evicted")
+            for key, message in skipped[: max(room, 0)]:
                 self._evict(key, message)
-            self.wakeup()
+            if room > 0:
+                self.wakeup()
         if delivered >= DELIVER_LIMIT and ready and pending:
             self.wakeup()
 

@@ -44,6 +44,9 @@ _COMPACT_AFTER = 4096
 # Retention is tracked with coarse marks (sequence, time, bytes so far): one per MiB or second.
 _RETENTION_MARK_BYTES = 1 << 20
 _RETENTION_MARK_MS = 1000
+# At most this many marks per topic: beyond it every other one is dropped (coarser, so keeping a
+# little more, never less).
+_MAX_RETENTION_MARKS = 10_000
 # Read at most this much from the store into one subscription's backlog at a time.
 _BACKLOG_MESSAGES = 256
 _BACKLOG_BYTES = 4 << 20
@@ -117,6 +120,10 @@ class Topic(Destination):
                 or message.timestamp_ms - marks[-1][1] >= _RETENTION_MARK_MS
             ):
                 marks.append((message.seq, message.timestamp_ms, self._stored_total))
+                if len(marks) > _MAX_RETENTION_MARKS:
+                    # Keep the oldest (it bounds what may go) and every second one after it.
+                    thinned = list(marks)
+                    self._retention_marks = marks = deque([thinned[0], *thinned[2::2]])
 
     def accept(self, message: Message, on_stored: Callable[[WriteHandle | None], None]) -> None:
         """Append to the log; a persistent message the topic keeps is visible once written."""
