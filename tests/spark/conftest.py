@@ -1,8 +1,8 @@
 """Fixtures for the Spark connector tests: one local Spark session and one broker per session.
 
-Everything here is skipped, not failed, when pyspark or Java is missing (install the `spark`
-extra and a JDK 17+). The session follows `docs/spark.md`: `local[2]`, no UI, two shuffle
-partitions, UTC, quiet logs.
+Every test module starts with `pytest.importorskip("pyspark")`, and the `spark` fixture skips
+when no Java is found: without the `spark` extra or a JDK the tests are skipped, not failed.
+The session follows `docs/spark.md`: `local[2]`, no UI, two shuffle partitions, UTC, quiet logs.
 """
 
 from __future__ import annotations
@@ -15,13 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("pyspark", reason="the spark extra is not installed")
-pytest.importorskip("pyarrow", reason="the spark extra is not installed")
-if shutil.which("java") is None:
-    pytest.skip("no java on PATH (Spark needs a JDK 17+)", allow_module_level=True)
-
-from pyspark.sql import SparkSession
 
 import sluice.spark
 from conftest import RunningBroker, start_broker
@@ -62,6 +55,10 @@ def log4j_file(directory: Path) -> Path:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local Spark session with the Sluice data sources registered."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java found (Spark needs a JDK 17+ on PATH or in JAVA_HOME)")
+    from pyspark.sql import SparkSession  # noqa: PLC0415 - only once pyspark is known present
+
     os.environ.update(spark_environment())
     log_config = log4j_file(tmp_path_factory.mktemp("spark-conf"))
     builder = SparkSession.builder.master("local[2]").appName("sluice-tests")

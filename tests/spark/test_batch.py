@@ -6,6 +6,8 @@ import datetime
 from typing import Any
 
 import pytest
+
+pytest.importorskip("pyspark", reason="needs the spark extra")
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from conftest import RunningBroker

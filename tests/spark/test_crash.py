@@ -23,6 +23,8 @@ from typing import Any
 import psutil
 import pytest
 
+pytest.importorskip("pyspark", reason="needs the spark extra")
+
 from conftest import RunningBroker
 
 from .conftest import QUIET_LOG4J, spark_environment

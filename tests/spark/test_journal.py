@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("pyspark", reason="needs the spark extra")
+
 from conftest import start_broker
 from sluice.spark.options import sink_options
 from sluice.spark.produce import send_transaction

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
+pytest.importorskip("pyspark", reason="needs the spark extra")
 from pyspark.sql import functions as sf
 
 from conftest import RunningBroker

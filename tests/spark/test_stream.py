@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("pyspark", reason="needs the spark extra")
 from pyspark.errors import PySparkException
 
 from conftest import RunningBroker, start_broker

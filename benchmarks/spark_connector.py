@@ -1,0 +1,307 @@
+"""Throughput of the Spark connector, in rows per second.
+
+1. Source: a topic of 1 KiB messages streamed into Spark's no-op sink (`availableNow`, one batch,
+   2 partitions), against a trivial in-memory Python data source with the same schema in the same
+   session (rows as tuples, and as Arrow batches). Batch reads too.
+2. Sink: a DataFrame of 1 KiB rows written to a queue with `df.write.format("sluice")`.
+3. Journal reader: `format("sluice-journal")` over about `--journal-gib` GiB of journal files
+   written by a broker (persistent 1 KiB messages to a queue), into the no-op sink.
+
+The broker runs in a subprocess (`python -m sluice broker`, memory store for 1 and 2, journal
+store for 3) on a free port. Each measurement runs twice and the second run is reported (the
+first starts Spark's Python workers).
+
+Run: `.venv/bin/python benchmarks/spark_connector.py [--rows N] [--journal-gib G]`
+(needs the `spark` extra and Java 17+).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as sf
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+import sluice.spark
+from sluice.spark.options import sink_options
+from sluice.spark.produce import send_transaction
+from sluice.spark.schema import TOPIC_ARROW_SCHEMA
+from sluice.spark.source import topic_schema
+
+BODY = bytes(range(256)) * 4  # 1 KiB
+TOPIC = "/topic/bench.spark"
+_LISTENING = re.compile(r"listening (?:for STOMP )?on [\d.]+:(\d+)")
+_TX_ROWS = 20_000
+
+
+class Broker:
+    """`python -m sluice broker` on a free port, with a TOML configuration."""
+
+    def __init__(self, config: str, workdir: Path) -> None:
+        (workdir / "sluice.toml").write_text(config)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sluice",
+                "broker",
+                "--config",
+                str(workdir / "sluice.toml"),
+                "--stomp",
+                "127.0.0.1:0",
+            ],
+            cwd=workdir,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            match = _LISTENING.search(line)
+            if match:
+                self.address = f"127.0.0.1:{match.group(1)}"
+                break
+        else:
+            raise RuntimeError("the broker did not start")
+        # Keep reading its log so that it never blocks on a full pipe.
+        threading.Thread(target=self.proc.stderr.read, daemon=True).start()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def publish(address: str, destination: str, rows: int) -> float:
+    """Send `rows` 1 KiB persistent messages in transactions; return rows per second."""
+    options = sink_options({"broker": address, "destination": destination})
+    start = time.perf_counter()
+    for first in range(0, rows, _TX_ROWS):
+        count = min(_TX_ROWS, rows - first)
+        batch = ((None, {"n": str(first + i)}, BODY) for i in range(count))
+        send_transaction(options, batch, f"bench-{first}:")
+    return rows / (time.perf_counter() - start)
+
+
+class _Range(InputPartition):  # type: ignore[misc]
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__((start, end))
+        self.start, self.end = start, end
+
+
+class _TrivialReader(DataSourceStreamReader):  # type: ignore[misc]
+    """Rows made in memory: the same schema as the sluice source, nothing read from anywhere."""
+
+    def __init__(self, rows: int, arrow: bool) -> None:
+        self.rows, self.arrow = rows, arrow
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802
+        return {"offset": 0}
+
+    def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:  # noqa: N802
+        return {"offset": self.rows}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[_Range]:
+        a, b = start["offset"], end["offset"]
+        middle = (a + b) // 2
+        return [p for p in (_Range(a, middle), _Range(middle, b)) if p.end > p.start]
+
+    def read(self, partition: _Range) -> Iterator[Any]:
+        stamp = datetime.datetime.now(datetime.UTC)
+        if not self.arrow:
+            for i in range(partition.start, partition.end):
+                yield (i, TOPIC, "ID:x", stamp, {"n": "1"}, BODY)
+            return
+        micros = int(stamp.timestamp() * 1e6)
+        for first in range(partition.start, partition.end, 8192):
+            n = min(8192, partition.end - first)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array(range(first, first + n), pa.int64()),
+                    pa.array([TOPIC] * n, pa.string()),
+                    pa.array(["ID:x"] * n, pa.string()),
+                    pa.array([micros] * n, pa.timestamp("us", tz="UTC")),
+                    pa.array([[("n", "1")]] * n, TOPIC_ARROW_SCHEMA.field("headers").type),
+                    pa.array([BODY] * n, pa.binary()),
+                ],
+                schema=TOPIC_ARROW_SCHEMA,
+            )
+
+
+class TrivialSource(DataSource):  # type: ignore[misc]
+    """`format("trivial-bench")` with options `rows` and `arrow`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "trivial-bench"
+
+    def schema(self) -> Any:
+        return topic_schema()
+
+    def streamReader(self, schema: Any) -> _TrivialReader:  # noqa: N802
+        return _TrivialReader(int(self.options["rows"]), self.options.get("arrow") == "true")
+
+
+def stream_rate(spark: Any, reader: Any, rows: int, checkpoints: Path) -> float:
+    """Rows per second of an availableNow run of `reader` into the no-op sink (second of two)."""
+    rate = 0.0
+    for attempt in range(2):
+        checkpoint = checkpoints / f"c{time.monotonic_ns()}-{attempt}"
+        start = time.perf_counter()
+        query = (
+            reader.load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        elapsed = time.perf_counter() - start
+        read = sum(p["numInputRows"] for p in query.recentProgress)
+        assert read == rows, (read, rows)
+        rate = rows / elapsed
+    return rate
+
+
+def batch_rate(df_factory: Any, rows: int) -> float:
+    """Rows per second of a batch read into the no-op sink (second of two)."""
+    rate = 0.0
+    for _ in range(2):
+        start = time.perf_counter()
+        df_factory().write.format("noop").mode("overwrite").save()
+        rate = rows / (time.perf_counter() - start)
+    return rate
+
+
+def spark_session() -> Any:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master("local[2]").appName("sluice-bench")
+    for key, value in (
+        ("spark.ui.enabled", "false"),
+        ("spark.ui.showConsoleProgress", "false"),
+        ("spark.sql.shuffle.partitions", "2"),
+        ("spark.driver.memory", "2g"),
+        ("spark.sql.session.timeZone", "UTC"),
+    ):
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    sluice.spark.register(spark)
+    spark.dataSource.register(TrivialSource)
+    return spark
+
+
+def bench_source_and_sink(spark: Any, rows: int, work: Path) -> None:
+    config = (
+        "[store]\nkind = 'memory'\n[policy]\nretention_s = 86400.0\n"
+        "[limits]\ndestination_memory_limit_bytes = 4294967296\n"
+        "memory_limit_bytes = 8589934592\n"
+    )
+    broker = Broker(config, work)
+    try:
+        publish_rate = publish(broker.address, TOPIC, rows)
+        print(f"publish (1 KiB, transactions of {_TX_ROWS}): {publish_rate:,.0f} rows/s")
+
+        def sluice_reader(stream: bool) -> Any:
+            reader = spark.readStream if stream else spark.read
+            return (
+                reader.format("sluice")
+                .option("broker", broker.address)
+                .option("topic", TOPIC)
+                .option("startingOffsets", "earliest")
+                .option("minPartitions", "2")
+            )
+
+        def trivial(arrow: bool) -> Any:
+            return (
+                spark.readStream.format("trivial-bench")
+                .option("rows", str(rows))
+                .option("arrow", str(arrow).lower())
+            )
+
+        trivial_rate = stream_rate(spark, trivial(False), rows, work)
+        trivial_arrow = stream_rate(spark, trivial(True), rows, work)
+        sluice_rate = stream_rate(spark, sluice_reader(True), rows, work)
+        print(f"stream, trivial source (tuples) -> noop: {trivial_rate:,.0f} rows/s")
+        print(f"stream, trivial source (Arrow)  -> noop: {trivial_arrow:,.0f} rows/s")
+        print(
+            f"stream, sluice source -> noop:            {sluice_rate:,.0f} rows/s "
+            f"({sluice_rate / trivial_rate:.0%} of the trivial source)"
+        )
+        sluice_batch = batch_rate(lambda: sluice_reader(False).load(), rows)
+        print(f"batch,  sluice source -> noop:            {sluice_batch:,.0f} rows/s")
+
+        df = spark.range(rows, numPartitions=2).select(sf.lit(BODY).alias("body")).cache()
+        df.count()
+        rates = []
+        for attempt in range(2):
+            start = time.perf_counter()
+            (
+                df.write.format("sluice")
+                .mode("append")
+                .option("broker", broker.address)
+                .option("destination", f"/queue/bench.sink.{attempt}")
+                .save()
+            )
+            rates.append(rows / (time.perf_counter() - start))
+        print(f"sink (2 partitions, persistent, memory store): {rates[-1]:,.0f} rows/s")
+    finally:
+        broker.stop()
+
+
+def bench_journal(spark: Any, gib: float, work: Path) -> None:
+    data = work / "journal-data"
+    config = (
+        f"[store]\nkind = 'journal'\ndata_dir = '{data}'\nsync = 'never'\n"
+        "[limits]\nmemory_limit_bytes = 268435456\n"
+    )
+    rows = int(gib * 1024 * 1024 * 1024 / (len(BODY) + 160))
+    broker = Broker(config, work)
+    try:
+        rate = publish(broker.address, "/queue/bench.journal", rows)
+        print(f"journal written: {rows:,} persistent 1 KiB messages at {rate:,.0f} rows/s")
+    finally:
+        broker.stop()
+    size = sum(f.stat().st_size for f in (data / "journal").glob("db-*.log"))
+    files = len(list((data / "journal").glob("db-*.log")))
+    records = spark.read.format("sluice-journal").load(str(data)).count()
+    rate = batch_rate(lambda: spark.read.format("sluice-journal").load(str(data)), records)
+    print(
+        f"journal reader: {size / 2**30:.2f} GiB in {files} files, {records:,} records: "
+        f"{rate:,.0f} rows/s ({rate * size / records / 2**20:,.0f} MiB/s)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000, help="rows for source and sink")
+    parser.add_argument("--journal-gib", type=float, default=1.0, help="journal size to read")
+    parser.add_argument("--skip-journal", action="store_true")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="sluice-spark-bench-"))
+    spark = spark_session()
+    try:
+        bench_source_and_sink(spark, args.rows, work)
+        if not args.skip_journal:
+            bench_journal(spark, args.journal_gib, work)
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
