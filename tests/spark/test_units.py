@@ -1,0 +1,239 @@
+"""The connector's parts without Spark: options, ranges, the journal decoder, reading ranges."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="needs the spark extra")
+
+from conftest import RunningBroker
+from sluice.errors import CorruptionError
+from sluice.spark.fetch import DataLossError, read_range
+from sluice.spark.journal import JournalFile, journal_files, read_journal_file
+from sluice.spark.offsets import NEXT_OFFSET_HEADER, OffsetRange, fetch_offsets, split_range
+from sluice.spark.options import OptionError, sink_options, source_options
+from sluice.spark.wire import WireSession
+from sluice.stomp.frames import Command
+from sluice.store.api import StoredMessage
+from sluice.store.journal import format as fmt
+
+pytestmark = pytest.mark.spark
+
+
+# -- options and ranges -------------------------------------------------------------------------
+
+
+def test_source_options_defaults_and_checks() -> None:
+    stream = source_options({"topic": "events"}, streaming=True)
+    assert stream.topic == "/topic/events"
+    assert stream.starting == "latest"
+    assert stream.fail_on_data_loss
+    batch = source_options(
+        {"TOPIC": "/topic/x", "startingoffsets": "12", "endingOffsets": "20"}, streaming=False
+    )
+    assert (batch.starting, batch.ending) == ("12", "20")
+    for bad in (
+        {"topic": "/queue/q"},
+        {"topic": "t", "startingOffsets": "first"},
+        {"topic": "t", "maxOffsetsPerTrigger": "0"},
+        {"topic": "t", "failOnDataLoss": "maybe"},
+        {"topic": "t", "endingOffsets": "5"},
+        {},
+    ):
+        with pytest.raises(OptionError):
+            source_options(bad, streaming=True)
+    with pytest.raises(OptionError, match="before"):
+        source_options(
+            {"topic": "t", "startingOffsets": "9", "endingOffsets": "3"}, streaming=False
+        )
+    with pytest.raises(OptionError):
+        sink_options({"destination": "nowhere"})
+
+
+def test_split_range_covers_the_range_without_empty_parts() -> None:
+    whole = OffsetRange("/topic/t", 10, 21)
+    parts = split_range(whole, 3)
+    assert [(p.start, p.end) for p in parts] == [(10, 14), (14, 18), (18, 21)]
+    assert [(p.start, p.end) for p in split_range(OffsetRange("/topic/t", 5, 7), 4)] == [
+        (5, 6),
+        (6, 7),
+    ]
+    assert split_range(OffsetRange("/topic/t", 5, 5), 2) == []
+
+
+# -- reading ranges off Spark -------------------------------------------------------------------
+
+
+def send(
+    broker: RunningBroker, topic: str, count: int, expired: frozenset[int] = frozenset()
+) -> None:
+    past = str(int(time.time() * 1000) - 60_000)
+    with WireSession.open(broker.address) as session:
+        for i in range(count):
+            headers = {"destination": topic, "persistent": "true", "i": str(i)}
+            if i in expired:
+                headers["expires"] = past
+            session.send(Command.SEND, headers, b"m%d" % i)
+        session.request(Command.SEND, {"destination": "/queue/flush"}, b"")
+
+
+def offsets_read(
+    broker: RunningBroker, topic: str, start: int, end: int, **options: str
+) -> list[int]:
+    opts = source_options({"broker": broker.address, "topic": topic, **options}, streaming=False)
+    batches = read_range(opts, OffsetRange(topic, start, end), batch_rows=7)
+    return [offset for batch in batches for offset in batch.column("offset").to_pylist()]
+
+
+def test_read_range_is_exact_and_batched(spark_broker: RunningBroker) -> None:
+    topic = "/topic/units.exact"
+    send(spark_broker, topic, 50)
+    assert fetch_offsets(spark_broker.address, topic) == (1, 50)
+    assert offsets_read(spark_broker, topic, 11, 31) == list(range(11, 31))
+    assert offsets_read(spark_broker, topic, 1, 51, prefetch="4") == list(range(1, 51))
+
+
+def test_expired_messages_are_holes_not_loss(spark_broker: RunningBroker) -> None:
+    topic = "/topic/units.expired"
+    send(spark_broker, topic, 12, expired=frozenset({2, 3, 8}))
+    assert offsets_read(spark_broker, topic, 1, 13) == [1, 2, 5, 6, 7, 8, 10, 11, 12]
+
+
+def test_a_range_past_the_topic_end_is_loss(spark_broker: RunningBroker) -> None:
+    topic = "/topic/units.short"
+    send(spark_broker, topic, 5)
+    with pytest.raises(DataLossError, match="offsets 6 to 9"):
+        offsets_read(spark_broker, topic, 1, 10)
+    assert offsets_read(spark_broker, topic, 1, 10, failOnDataLoss="false") == [1, 2, 3, 4, 5]
+
+
+def broker_reports_cursor(broker: RunningBroker) -> bool:
+    with WireSession.open(broker.address) as session:
+        session.request(Command.SUBSCRIBE, {"destination": "/topic/probe", "id": "p"})
+        return NEXT_OFFSET_HEADER in session.request(Command.UNSUBSCRIBE, {"id": "p"})
+
+
+def test_expired_last_message_ends_the_range(spark_broker: RunningBroker) -> None:
+    if not broker_reports_cursor(spark_broker):
+        pytest.skip(f"the broker does not report {NEXT_OFFSET_HEADER} on UNSUBSCRIBE receipts")
+    topic = "/topic/units.expired-last"
+    send(spark_broker, topic, 6, expired=frozenset({5}))
+    started = time.monotonic()
+    assert offsets_read(spark_broker, topic, 1, 7, timeoutMs="20000") == [1, 2, 3, 4, 5]
+    assert time.monotonic() - started < 10
+
+
+# -- the journal decoder ------------------------------------------------------------------------
+
+
+def add_record(seq: int, body: bytes, txno: int = 0, **headers: str) -> bytes:
+    message = StoredMessage("/queue/j", seq, f"ID:{seq}", 1_700_000_000_000 + seq, headers, body)
+    head, data, _ = fmt.encode_add(message, txno)
+    return fmt.record_bytes(fmt.RecordType.ADD, head + data)
+
+
+def other_record(record: fmt.Record) -> bytes:
+    rtype, payload = fmt.encode(record)
+    return fmt.record_bytes(rtype, payload)
+
+
+def write_journal(path: Path, *, tail: bytes = b"", damage_at: int | None = None) -> list[int]:
+    """A data file: header, 3 adds, a transaction of 2 adds, a remove, zeros; positions."""
+    records = [
+        fmt.encode_file_header(7, b"s" * 16, 1_700_000_000_000),
+        add_record(1, b"one", k="a"),
+        add_record(2, b"two"),
+        add_record(3, b"three"),
+        other_record(fmt.TxBegin(5, "tx-a")),
+        add_record(0, b"t1", 5),
+        add_record(0, b"t2", 5),
+        other_record(fmt.TxCommit(5, (4, 5))),
+        other_record(fmt.Remove(0, "/queue/j", 1)),
+    ]
+    positions = []
+    data = bytearray()
+    for record in records:
+        positions.append(len(data))
+        data += record
+    if damage_at is not None:
+        data[positions[damage_at] + fmt.HEADER_BYTES + 3] ^= 0xFF
+    path.write_bytes(bytes(data) + tail + b"\0" * 4096)
+    return positions
+
+
+def rows_of(path: Path, **options: bool) -> list[dict[str, object]]:
+    journal_file = JournalFile(7, str(path), path.name)
+    return [
+        row for batch in read_journal_file(journal_file, **options) for row in batch.to_pylist()
+    ]
+
+
+def test_journal_decoder_reads_every_record(tmp_path: Path) -> None:
+    path = tmp_path / "db-7.log"
+    positions = write_journal(path)
+    rows = rows_of(path)
+    assert [r["record_type"] for r in rows] == [
+        "FILE_HEADER",
+        "ADD",
+        "ADD",
+        "ADD",
+        "TX_BEGIN",
+        "ADD",
+        "ADD",
+        "TX_COMMIT",
+        "REMOVE",
+    ]
+    assert [r["position"] for r in rows] == positions
+    assert rows[1]["body"] == b"one"
+    assert dict(rows[1]["headers"]) == {"k": "a", "persistent": "true"}  # type: ignore[arg-type]
+    assert rows[1]["sequence"] == 1
+    assert rows[1]["transaction"] is None
+    assert rows[5]["sequence"] is None
+    assert rows[5]["transaction"] == 5
+    assert dict(rows[7]["headers"]) == {"sequences": "4,5"}  # type: ignore[arg-type]
+    assert dict(rows[4]["headers"]) == {"txid": "tx-a"}  # type: ignore[arg-type]
+    assert all(r["file"] == "db-7.log" for r in rows)
+
+
+def test_damage_in_the_middle_is_a_row_or_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "db-7.log"
+    positions = write_journal(path, damage_at=2)
+    rows = rows_of(path)
+    types = [r["record_type"] for r in rows]
+    assert types[:3] == ["FILE_HEADER", "ADD", "DAMAGED"]
+    assert rows[2]["position"] == positions[2]
+    assert dict(rows[2]["headers"])["length"] == str(positions[3] - positions[2])  # type: ignore[arg-type]
+    assert [r["body"] for r in rows if r["record_type"] == "ADD"] == [
+        b"one",
+        b"three",
+        b"t1",
+        b"t2",
+    ]
+    with pytest.raises(CorruptionError, match=r"db-7\.log"):
+        rows_of(path, fail_on_corruption=True)
+
+
+def test_torn_tail_ends_the_file_quietly(tmp_path: Path) -> None:
+    path = tmp_path / "db-7.log"
+    torn = add_record(9, b"x" * 100)[:-30]
+    write_journal(path, tail=torn)
+    rows = rows_of(path, fail_on_corruption=True)
+    assert len(rows) == 9
+    assert "DAMAGED" not in {r["record_type"] for r in rows}
+
+
+def test_journal_files_orders_archive_and_journal(tmp_path: Path) -> None:
+    (tmp_path / "journal").mkdir()
+    (tmp_path / "archive").mkdir()
+    for name in ("archive/db-2.log", "archive/db-10.log", "journal/db-11.log", "journal/x.log"):
+        (tmp_path / name).write_bytes(b"")
+    assert [f.name for f in journal_files(tmp_path)] == [
+        "archive/db-2.log",
+        "archive/db-10.log",
+        "journal/db-11.log",
+    ]
+    with pytest.raises(FileNotFoundError):
+        journal_files(tmp_path / "missing")
