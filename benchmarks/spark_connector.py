@@ -11,7 +11,8 @@ The broker runs in a subprocess (`python -m sluice broker`, memory store for 1 a
 store for 3) on a free port. Each measurement runs twice and the second run is reported (the
 first starts Spark's Python workers).
 
-Run: `.venv/bin/python benchmarks/spark_connector.py [--rows N] [--journal-gib G]`
+Run: `.venv/bin/python benchmarks/spark_connector.py [--rows N] [--journal-gib G]
+[--journal-dir DIR] [--skip-source] [--skip-journal]`
 (needs the `spark` extra and Java 17+).
 """
 
@@ -263,19 +264,20 @@ def bench_source_and_sink(spark: Any, rows: int, work: Path) -> None:
         broker.stop()
 
 
-def bench_journal(spark: Any, gib: float, work: Path) -> None:
-    data = work / "journal-data"
-    config = (
-        f"[store]\nkind = 'journal'\ndata_dir = '{data}'\nsync = 'never'\n"
-        "[limits]\nmemory_limit_bytes = 268435456\n"
-    )
-    rows = int(gib * 1024 * 1024 * 1024 / (len(BODY) + 160))
-    broker = Broker(config, work)
-    try:
-        rate = publish(broker.address, "/queue/bench.journal", rows)
-        print(f"journal written: {rows:,} persistent 1 KiB messages at {rate:,.0f} rows/s")
-    finally:
-        broker.stop()
+def bench_journal(spark: Any, gib: float, work: Path, data: Path | None) -> None:
+    if data is None or not (data / "journal").is_dir():
+        data = data or work / "journal-data"
+        config = (
+            f"[store]\nkind = 'journal'\ndata_dir = '{data}'\nsync = 'never'\n"
+            "[limits]\nmemory_limit_bytes = 268435456\n"
+        )
+        rows = int(gib * 1024 * 1024 * 1024 / (len(BODY) + 160))
+        broker = Broker(config, work)
+        try:
+            rate = publish(broker.address, "/queue/bench.journal", rows)
+            print(f"journal written: {rows:,} persistent 1 KiB messages at {rate:,.0f} rows/s")
+        finally:
+            broker.stop()
     size = sum(f.stat().st_size for f in (data / "journal").glob("db-*.log"))
     files = len(list((data / "journal").glob("db-*.log")))
     records = spark.read.format("sluice-journal").load(str(data)).count()
@@ -291,13 +293,18 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000, help="rows for source and sink")
     parser.add_argument("--journal-gib", type=float, default=1.0, help="journal size to read")
     parser.add_argument("--skip-journal", action="store_true")
+    parser.add_argument("--skip-source", action="store_true", help="measure the journal only")
+    parser.add_argument(
+        "--journal-dir", type=Path, help="data directory to read (written first if it is empty)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sluice-spark-bench-"))
     spark = spark_session()
     try:
-        bench_source_and_sink(spark, args.rows, work)
+        if not args.skip_source:
+            bench_source_and_sink(spark, args.rows, work)
         if not args.skip_journal:
-            bench_journal(spark, args.journal_gib, work)
+            bench_journal(spark, args.journal_gib, work, args.journal_dir)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

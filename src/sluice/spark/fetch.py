@@ -35,7 +35,7 @@ from sluice.spark.offsets import (
     open_session,
 )
 from sluice.spark.options import SourceOptions
-from sluice.spark.schema import TOPIC_ARROW_SCHEMA, timestamps_us
+from sluice.spark.schema import TOPIC_ARROW_SCHEMA, timestamps_from_text
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
 
@@ -63,6 +63,9 @@ _NOT_HEADERS = frozenset(
         "redelivered",
     }
 )
+
+
+_HEADERS_TYPE = TOPIC_ARROW_SCHEMA.field("headers").type
 
 
 class DataLossError(SluiceError):
@@ -99,21 +102,22 @@ class _RangeReader:
         self._clear()
 
     def _clear(self) -> None:
+        # Column lists; the destination is the topic for every row.
         self.offsets: list[int] = []
-        self.destinations: list[str] = []
-        self.message_ids: list[str] = []
-        self.timestamps: list[int | None] = []
-        self.headers: list[list[tuple[str, str]]] = []
+        self.message_ids: list[str | None] = []
+        self.timestamps: list[str | None] = []
+        self.headers: list[dict[str, str]] = []
         self.bodies: list[bytes] = []
 
     def _batch(self) -> Any:
+        count = len(self.offsets)
         batch = pa.RecordBatch.from_arrays(
             [
                 pa.array(self.offsets, type=pa.int64()),
-                pa.array(self.destinations, type=pa.string()),
+                pa.array([self.topic] * count, type=pa.string()),
                 pa.array(self.message_ids, type=pa.string()),
-                timestamps_us(self.timestamps),
-                pa.array(self.headers, type=TOPIC_ARROW_SCHEMA.field("headers").type),
+                timestamps_from_text(self.timestamps),
+                pa.array(self.headers, type=_HEADERS_TYPE),
                 pa.array(self.bodies, type=pa.binary()),
             ],
             schema=TOPIC_ARROW_SCHEMA,
@@ -198,6 +202,9 @@ class _RangeReader:
                 try:
                     frame = session.receive()
                 except TimeoutError:
+                    if position > self.position:
+                        # Messages came until a moment ago: the silence starts now.
+                        self._last_progress = time.monotonic()
                     self.position = position
                     self._settle_idle(sub_id)
                     return
@@ -215,11 +222,9 @@ class _RangeReader:
                     logger.debug("%s: offsets %d to %d skipped", self.topic, position, offset - 1)
                 body = frame.body
                 offsets.append(offset)
-                self.destinations.append(headers.get("destination", self.topic))
-                self.message_ids.append(headers.get("message-id", ""))
-                stamp = headers.get("timestamp")
-                self.timestamps.append(int(stamp) if stamp else None)
-                self.headers.append([kv for kv in headers.items() if kv[0] not in _NOT_HEADERS])
+                self.message_ids.append(headers.get("message-id"))
+                self.timestamps.append(headers.get("timestamp"))
+                self.headers.append({k: v for k, v in headers.items() if k not in _NOT_HEADERS})
                 self.bodies.append(body)
                 position = offset + 1
                 unacked += 1
@@ -275,10 +280,8 @@ class _RangeReader:
         if offset > self.position:
             self.holes += offset - self.position
         self.offsets.append(offset)
-        self.destinations.append(headers.get("destination", self.topic))
-        self.message_ids.append(headers.get("message-id", ""))
-        stamp = headers.get("timestamp")
-        self.timestamps.append(int(stamp) if stamp else None)
-        self.headers.append([kv for kv in headers.items() if kv[0] not in _NOT_HEADERS])
+        self.message_ids.append(headers.get("message-id"))
+        self.timestamps.append(headers.get("timestamp"))
+        self.headers.append({k: v for k, v in headers.items() if k not in _NOT_HEADERS})
         self.bodies.append(frame.body)
         self.position = offset + 1

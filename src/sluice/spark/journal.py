@@ -58,6 +58,7 @@ _VALID = fmt.VALID_TYPES
 _MAX_PAYLOAD = fmt.MAX_PAYLOAD_BYTES
 _ADD = int(fmt.RecordType.ADD)
 _TYPE_NAMES = {int(t): t.name for t in fmt.RecordType}
+_HEADERS_TYPE = JOURNAL_ARROW_SCHEMA.field("headers").type
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,7 @@ class _Columns:
         self.sequences: list[int | None] = []
         self.message_ids: list[str | None] = []
         self.timestamps: list[int | None] = []
-        self.headers: list[list[tuple[str, str]] | None] = []
+        self.headers: list[dict[str, str] | None] = []
         self.bodies: list[bytes | None] = []
         self.transactions: list[int | None] = []
 
@@ -120,7 +121,7 @@ class _Columns:
         sequence: int | None = None,
         message_id: str | None = None,
         timestamp_ms: int | None = None,
-        headers: list[tuple[str, str]] | None = None,
+        headers: dict[str, str] | None = None,
         body: bytes | None = None,
         transaction: int | None = None,
     ) -> None:
@@ -145,7 +146,7 @@ class _Columns:
                 pa.array(self.sequences, type=pa.int64()),
                 pa.array(self.message_ids, type=pa.string()),
                 timestamps_us(self.timestamps),
-                pa.array(self.headers, type=JOURNAL_ARROW_SCHEMA.field("headers").type),
+                pa.array(self.headers, type=_HEADERS_TYPE),
                 pa.array(self.bodies, type=pa.binary()),
                 pa.array(self.transactions, type=pa.int64()),
             ],
@@ -203,8 +204,8 @@ def _resync(data: Any, start: int, size: int) -> int | None:
     return None
 
 
-def _pairs(values: dict[str, str | None]) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in values.items() if v is not None]
+def _pairs(values: dict[str, str | None]) -> dict[str, str]:
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _decode_into(columns: _Columns | None, position: int, rtype: int, payload: Any) -> None:
@@ -213,13 +214,13 @@ def _decode_into(columns: _Columns | None, position: int, rtype: int, payload: A
         message, meta = fmt.decode_add(payload)
         if columns is None:
             return
-        headers = list(message.headers.items())
+        headers = message.headers
         if message.persistent:
-            headers.append(("persistent", "true"))
+            headers["persistent"] = "true"
         if message.priority != _DEFAULT_PRIORITY:
-            headers.append(("priority", str(message.priority)))
+            headers["priority"] = str(message.priority)
         if message.expires_ms:
-            headers.append(("expires", str(message.expires_ms)))
+            headers["expires"] = str(message.expires_ms)
         columns.add(
             position,
             "ADD",
@@ -248,10 +249,10 @@ def _decode_into(columns: _Columns | None, position: int, rtype: int, payload: A
     elif isinstance(record, fmt.RemoveRange):
         add(position, name, destination=record.destination, sequence=record.upto_seq)
     elif isinstance(record, fmt.TxBegin):
-        add(position, name, headers=[("txid", record.txid)], transaction=record.txno)
+        add(position, name, headers={"txid": record.txid}, transaction=record.txno)
     elif isinstance(record, fmt.TxCommit):
         sequences = ",".join(map(str, record.seqs))
-        add(position, name, headers=[("sequences", sequences)], transaction=record.txno)
+        add(position, name, headers={"sequences": sequences}, transaction=record.txno)
     elif isinstance(record, fmt.TxAbort):
         add(position, name, transaction=record.txno)
     elif isinstance(record, fmt.SubPut):
@@ -267,7 +268,7 @@ def _decode_into(columns: _Columns | None, position: int, rtype: int, payload: A
         fields = {"client_id": record.client_id, "name": record.name}
         add(position, name, sequence=record.cursor, headers=_pairs(fields))
     elif isinstance(record, fmt.SubDelete):
-        add(position, name, headers=[("client_id", record.client_id), ("name", record.name)])
+        add(position, name, headers={"client_id": record.client_id, "name": record.name})
     elif isinstance(record, fmt.DestDelete):
         add(position, name, destination=record.destination)
     elif isinstance(record, fmt.DispatchMark):
@@ -361,5 +362,5 @@ def _damage(
     logger.warning(
         "%s: %d damaged bytes at offset %d (%s)", journal_file.name, resume - pos, pos, reason
     )
-    columns.add(pos, "DAMAGED", headers=[("reason", reason), ("length", str(resume - pos))])
+    columns.add(pos, "DAMAGED", headers={"reason": reason, "length": str(resume - pos)})
     return resume

@@ -163,6 +163,8 @@ def topic_name(raw: str) -> str:
         name = _TOPIC_PREFIX + name.lstrip("/")
     if len(name) == len(_TOPIC_PREFIX):
         raise OptionError("option topic is empty")
+    if "*" in name or ">" in name:
+        raise OptionError(f"option topic must name one topic (offsets are per topic): {name}")
     return name
 
 

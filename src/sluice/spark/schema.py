@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = [
     "JOURNAL_ARROW_SCHEMA",
@@ -19,6 +20,7 @@ __all__ = [
     "TOPIC_ARROW_SCHEMA",
     "TOPIC_COLUMNS",
     "TOPIC_DDL",
+    "timestamps_from_text",
     "timestamps_us",
 ]
 
@@ -66,3 +68,10 @@ _TIMESTAMP = _ARROW_TYPES["TIMESTAMP"]
 def timestamps_us(millis: list[int | None]) -> Any:
     """An Arrow `timestamp[us, tz=UTC]` array from milliseconds since the epoch."""
     return pa.array([None if m is None else m * 1000 for m in millis], type=_TIMESTAMP)
+
+
+def timestamps_from_text(millis: list[str | None]) -> Any:
+    """`timestamps_us` for milliseconds still in text (as MESSAGE headers carry them), converted
+    in one vectorised step."""
+    as_int = pa.array(millis, type=pa.string()).cast(pa.int64())
+    return pc.multiply(as_int, 1000).cast(_TIMESTAMP)
