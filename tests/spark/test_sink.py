@@ -70,3 +70,10 @@ def test_rows_without_destination_are_refused(spark: Any, spark_broker: RunningB
     writer = df.write.format("sluice").mode("append").option("broker", spark_broker.address)
     with pytest.raises(Exception, match="no destination"):
         writer.save()
+
+
+def test_only_append_mode_is_accepted(spark: Any, spark_broker: RunningBroker) -> None:
+    df = spark.createDataFrame([("x",)], "body STRING")
+    writer = df.write.format("sluice").option("broker", spark_broker.address)
+    with pytest.raises(Exception, match="only appends"):
+        writer.option("destination", "/queue/sink.mode").mode("overwrite").save()

@@ -123,7 +123,9 @@ class SluiceDataSource(DataSource):  # type: ignore[misc,unused-ignore]
         return SluiceStreamReader(source_options(self.options, streaming=True))
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
-        """`df.write.format("sluice")`."""
+        """`df.write.format("sluice")`, in append mode (a broker has nothing to overwrite)."""
+        if overwrite:
+            raise OptionError('the sluice sink only appends messages: use .mode("append")')
         return SluiceBatchWriter(sink_options(self.options), schema)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
