@@ -482,3 +482,42 @@ def test_connection_limit_is_named_and_counted() -> None:
             raise AssertionError("never accepted again")
     finally:
         running.stop()
+
+
+def test_unsubscribe_receipt_on_a_topic_says_where_the_cursor_stopped(
+    broker: RunningBroker,
+) -> None:
+    c = RawStomp(broker.port)
+    c.connect()
+    c.send(b"SUBSCRIBE\nid:1\ndestination:/topic/cursor\nreceipt:s\n\n\0")
+    assert c.frame().command == "RECEIPT"
+    _send(broker.port, "/topic/cursor", [b"a", b"b"])
+    assert [c.frame().body for _ in range(2)] == [b"a", b"b"]
+    c.send(b"UNSUBSCRIBE\nid:1\nreceipt:u\n\n\0")
+    assert c.frame().headers["x-next-offset"] == "3"
+
+
+def test_a_producer_held_back_by_flow_control_is_not_timed_out() -> None:
+    running = start_broker(
+        heartbeat={"send_ms": 100, "receive_ms": 100},
+        limits={"destination_memory_limit_bytes": 4096},
+    )
+    try:
+        producer = RawStomp(running.port)
+        producer.connect(extra="heart-beat:100,0\n")
+        for i in range(3):  # the queue is over its limit after these: reading stops
+            producer.send(b"SEND\ndestination:/queue/held\n\n" + b"x" * 3000 + b"\0")
+        # The producer keeps beating; the broker does not read them while it holds it back.
+        for _ in range(10):
+            producer.send(b"\n")
+            with pytest.raises(TimeoutError):
+                producer.frame(timeout=0.1)
+        assert running.stats().get("heartbeat_timeouts", 0) == 0
+        consumer = RawStomp(running.port)
+        consumer.connect()
+        consumer.send(b"SUBSCRIBE\nid:1\ndestination:/queue/held\n\n\0")
+        assert len(consumer.frame().body) == 3000
+        producer.send(b"SEND\ndestination:/queue/held\nreceipt:alive\n\nx\0")
+        assert producer.frame().headers["receipt-id"] == "alive"
+    finally:
+        running.stop()

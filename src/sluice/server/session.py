@@ -116,6 +116,9 @@ class StompSession(asyncio.Protocol):
         self.log: logging.LoggerAdapter = _SessionLog(log, {"conn": "-", "peer": "-"})  # type: ignore[type-arg]
         self._version = Version.V1_2
         self._ack_by_id = True
+        # Heart-beat grace after reading resumes: the peer's beats were waiting in our socket.
+        self._resumed_at = float("-inf")
+        self._read_grace_s = 1.0
 
     # -- asyncio protocol -----------------------------------------------------------------------
 
@@ -186,6 +189,7 @@ class StompSession(asyncio.Protocol):
 
     def _resume_reading(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
+            self._resumed_at = self.loop.time()
             self.transport.resume_reading()
             # Frames already buffered in the parser are handled now, not at the next read.
             self.loop.call_soon(self._process)
@@ -342,9 +346,15 @@ class StompSession(asyncio.Protocol):
             sub_id = core.find_subscription_by_destination(h.get("destination", ""))
             if sub_id is None:
                 raise RequestError(f"no subscription to {h.get('destination')!r}")
+        sub = core.subs.get(sub_id) if sub_id is not None else None
+        extra = ""
+        if sub is not None and isinstance(sub.destination, Topic):
+            # Where this cursor stopped: a reader of the log (the Spark source) resumes there.
+            next_seq = sub.backlog[0].seq if sub.backlog else sub.next_seq
+            extra = f"x-next-offset:{next_seq}\n"
         core.unsubscribe(sub_id, durable_name)
         if receipt is not None:
-            self._receipt(receipt)
+            self._receipt(receipt, extra)
 
     def _tag(self, core: BrokerConnection, frame: Frame) -> int:
         h = frame.headers
@@ -524,6 +534,10 @@ class StompSession(asyncio.Protocol):
     def _on_heartbeat_timer(self) -> None:
         self._timer = None
         now = self.loop.time()
+        held = self.flow.reading_paused or now - self._resumed_at < self._read_grace_s
+        if held:
+            # We stopped reading this peer (flow control): its heart-beats wait in our socket.
+            self.stomp.peer_held(now)
         if self.stomp.peer_timed_out(now):
             self.broker.count("heartbeat_timeouts")
             self.log.info("no data from the peer within its heart-beat interval; closing")

@@ -521,6 +521,11 @@ class StompConnection:
         # The CONNECT/CONNECTED exchange is the first traffic both ways.
         self._clock_origin = self._last_received if self._last_received is not None else 0.0
 
+    def peer_held(self, now: float) -> None:
+        """We are not reading the peer on purpose (flow control): count it as heard from at
+        `now`, so its heart-beats waiting unread in our socket do not make it look dead."""
+        self._last_received = now
+
     def data_sent(self, now: float) -> None:
         """Record that we wrote something to the peer at `now`."""
         self._last_sent = now
