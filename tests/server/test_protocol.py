@@ -505,7 +505,7 @@ def test_a_producer_held_back_by_flow_control_is_not_timed_out() -> None:
     try:
         producer = RawStomp(running.port)
         producer.connect(extra="heart-beat:100,0\n")
-        for i in range(3):  # the queue is over its limit after these: reading stops
+        for _ in range(3):  # the queue is over its limit after these: reading stops
             producer.send(b"SEND\ndestination:/queue/held\n\n" + b"x" * 3000 + b"\0")
         # The producer keeps beating; the broker does not read them while it holds it back.
         for _ in range(10):
