@@ -65,33 +65,32 @@ class QueueModel(RuleBasedStateMachine):
         self.h.loop.run()
         self.collect()
 
-    @precondition(lambda self: any(c.unacked for c in self.consumers))
-    @rule(data=st.data())
-    def ack(self, data: st.DataObject) -> None:
+    def _settle(self, data: st.DataObject, *, accept: bool) -> None:
+        """ACK (accept) or NACK a random in-flight delivery, cumulatively in `client` mode."""
         consumer = data.draw(st.sampled_from([c for c in self.consumers if c.unacked]))
         tag = data.draw(st.sampled_from(list(consumer.unacked)))
-        sub = consumer.conn.subs["s"]
-        cumulative = sub.ack_mode is AckMode.CLIENT
-        consumer.conn.ack(tag)
+        cumulative = consumer.conn.subs["s"].ack_mode is AckMode.CLIENT
+        if accept:
+            consumer.conn.ack(tag)
+        else:
+            consumer.conn.nack(tag)
         for t in list(consumer.unacked):
             if t == tag or (cumulative and t < tag):
-                self.acked.add(consumer.unacked.pop(t))
+                message_id = consumer.unacked.pop(t)
+                if accept:
+                    self.acked.add(message_id)
         self.h.loop.run()
         self.collect()
 
     @precondition(lambda self: any(c.unacked for c in self.consumers))
     @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        self._settle(data, accept=True)
+
+    @precondition(lambda self: any(c.unacked for c in self.consumers))
+    @rule(data=st.data())
     def nack(self, data: st.DataObject) -> None:
-        consumer = data.draw(st.sampled_from([c for c in self.consumers if c.unacked]))
-        tag = data.draw(st.sampled_from(list(consumer.unacked)))
-        sub = consumer.conn.subs["s"]
-        cumulative = sub.ack_mode is AckMode.CLIENT
-        consumer.conn.nack(tag)
-        for t in list(consumer.unacked):
-            if t == tag or (cumulative and t < tag):
-                del consumer.unacked[t]
-        self.h.loop.run()
-        self.collect()
+        self._settle(data, accept=False)
 
     @precondition(lambda self: bool(self.consumers))
     @rule(data=st.data())
