@@ -202,7 +202,7 @@ def spark_session() -> Any:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     sluice.spark.register(spark)
-    spark.dataSource.register(TrivialSource)
+    sluice.spark.register_data_source(spark, TrivialSource)
     return spark
 
 

@@ -122,7 +122,7 @@ def main() -> None:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     sluice.spark.register(spark)
-    spark.dataSource.register(HoldingSource)
+    sluice.spark.register_data_source(spark, HoldingSource)
     queries = start_queries(spark, broker, topic, queue, work, mode)
     Path(work, "markers", f"started-{mode}-{os.getpid()}").touch()
     for query in queries:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["register"]
+from sluice.spark.registry import register_data_source
+
+__all__ = ["register", "register_data_source"]
 
 
 def register(spark: Any) -> None:
@@ -22,5 +24,5 @@ def register(spark: Any) -> None:
     from sluice.spark.journal_source import SluiceJournalDataSource  # noqa: PLC0415
     from sluice.spark.source import SluiceDataSource  # noqa: PLC0415
 
-    spark.dataSource.register(SluiceDataSource)
-    spark.dataSource.register(SluiceJournalDataSource)
+    register_data_source(spark, SluiceDataSource)
+    register_data_source(spark, SluiceJournalDataSource)

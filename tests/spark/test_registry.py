@@ -1,0 +1,105 @@
+"""Registration: one data source used by queries started at the same time stays usable."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="needs the spark extra")
+
+import sluice.spark
+from conftest import RunningBroker
+from sluice.spark.source import SluiceDataSource
+
+from .helpers import publish
+
+pytestmark = pytest.mark.spark
+
+
+def environment(spark: Any, name: str) -> Any:
+    """The JVM map every Python runner of the registered source `name` shares."""
+    manager = spark._jsparkSession.sessionState().dataSourceManager()
+    return manager.lookupDataSource(name).dataSourceCls().envVars()
+
+
+def entries(env: Any) -> int:
+    count, it = 0, env.entrySet().iterator()
+    while it.hasNext():
+        it.next()
+        count += 1
+    return count
+
+
+def test_registered_sources_share_a_concurrent_environment(spark: Any) -> None:
+    for name in ("sluice", "sluice-journal"):
+        env = environment(spark, name)
+        assert env.getClass().getName() == "java.util.concurrent.ConcurrentHashMap", name
+
+
+def test_queries_started_together_leave_the_source_usable(
+    spark: Any, spark_broker: RunningBroker, tmp_path: Path
+) -> None:
+    topic = "/topic/registry.together"
+    publish(spark_broker, topic, [b"t%d" % i for i in range(300)])
+    sluice.spark.register(spark)  # a fresh environment: every runner adds its keys from scratch
+    count = 4
+    barrier = threading.Barrier(count)
+    queries: list[Any] = [None] * count
+
+    def start(i: int) -> None:
+        df = (
+            spark.readStream.format("sluice")
+            .option("broker", spark_broker.address)
+            .option("topic", topic)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", "100")
+            .load()
+        )
+        writer = (
+            df.writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / f"checkpoint-{i}"))
+            .trigger(availableNow=True)
+        )
+        barrier.wait(60)
+        queries[i] = writer.start()
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for query in queries:
+        assert query is not None
+        query.awaitTermination(120)
+        assert query.exception() is None
+        assert sum(p["numInputRows"] for p in query.recentProgress) == 300
+
+    env = environment(spark, "sluice")
+    assert env.size() == entries(env)
+    # Later work on the same registration still runs.
+    batch = spark.read.format("sluice").option("broker", spark_broker.address)
+    assert batch.option("topic", topic).load().count() == 300
+
+
+class _ConnectLikeSession:
+    """A session without a JVM behind it, as in Spark Connect."""
+
+    def __init__(self) -> None:
+        self.registered: list[type] = []
+        self.dataSource = self
+
+    @property
+    def sparkContext(self) -> Any:
+        raise NotImplementedError("sparkContext is not available in Spark Connect")
+
+    def register(self, source: type) -> None:
+        self.registered.append(source)
+
+
+def test_sessions_without_a_jvm_use_the_public_registration() -> None:
+    session = _ConnectLikeSession()
+    sluice.spark.register_data_source(session, SluiceDataSource)
+    assert session.registered == [SluiceDataSource]
