@@ -12,8 +12,20 @@ from sluice.stomp.frames import Frame, HeartBeat, Version
 class RawStomp:
     """Send literal bytes; read back parsed frames with a deadline."""
 
-    def __init__(self, port: int, *, version: Version = Version.V1_2, timeout: float = 10.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(
+        self,
+        port: int,
+        *,
+        version: Version = Version.V1_2,
+        timeout: float = 10.0,
+        rcvbuf: int | None = None,
+    ):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf is not None:
+            # Before connecting: a window shrunk later can stall the sender (silly-window rules).
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(timeout)
+        self.sock.connect(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.parser = FrameParser(StompLimits(), version)
         self.timeout = timeout

@@ -173,6 +173,8 @@ class Config:
             raise ConfigError(
                 "limits.write_buffer_low_bytes must not exceed write_buffer_high_bytes"
             )
+        if lim.max_pending_receipts_per_connection < 1:
+            raise ConfigError("limits.max_pending_receipts_per_connection must be at least 1")
         if lim.max_header_bytes > lim.max_frame_bytes:
             raise ConfigError("limits.max_header_bytes must not exceed max_frame_bytes")
         if not 0.0 < lim.memory_resume_ratio <= 1.0:

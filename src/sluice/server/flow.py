@@ -1,8 +1,10 @@
 """One flow-control object per connection: every pause and resume of reading goes through it.
 
 Reading stops while any reason holds (a destination over its memory limit, too many pending store
-writes, too many receipts waiting, disk full) and resumes only when none does. Writing has its own
-state, fed by the transport's high/low water marks.
+writes, too many receipts waiting, disk full, our replies to the peer piling up unread) and resumes
+only when none does. Writing has its own state, fed by the transport's high/low water marks: above
+the high mark the connection is not dispatched to, and it is not read either (`OUTBOUND`), so a peer
+that does not read cannot make the broker buffer replies for it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ class ReadPause(enum.Enum):
     PENDING_WRITES = "pending_writes"
     DISK = "disk"
     RECEIPTS = "receipts"
+    # The transport's write buffer is above its high-water mark: the peer is not reading.
+    OUTBOUND = "outbound"
     CLOSING = "closing"
 
 
@@ -68,11 +72,13 @@ class FlowControl:
         return False
 
     def writing_paused(self, now: float) -> None:
-        """The transport's buffer went above its high-water mark."""
+        """The transport's buffer went above its high-water mark: stop dispatching and reading."""
         self.writable = False
         self.paused_writing_since = now
+        self.pause(ReadPause.OUTBOUND)
 
     def writing_resumed(self) -> None:
-        """The transport's buffer drained below its low-water mark."""
+        """The transport's buffer drained below its low-water mark: dispatch and read again."""
         self.writable = True
         self.paused_writing_since = None
+        self.resume(ReadPause.OUTBOUND)

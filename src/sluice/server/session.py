@@ -3,7 +3,9 @@ core's `BrokerConnection`.
 
 Reading: each chunk goes to the parser, and frames are handled one at a time until the parser
 needs more bytes or flow control pauses reading; frames already buffered wait in the parser.
-Writing: frames for the peer are appended to `_out` and written once per loop turn, in one call.
+Writing: frames for the peer go to its `Outbound`, written once per loop turn in one call, or at
+once at the write buffer's high-water mark. Past the mark the transport pauses writing: the
+connection is then neither dispatched to nor read (`ReadPause.OUTBOUND`) until it drains.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import contextlib
 import enum
 import logging
 import socket
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -25,6 +26,8 @@ from sluice.core.topic import Topic
 from sluice.errors import LimitExceeded, RemoteProtocolError, RequestError
 from sluice.server.flow import FlowControl, ReadPause
 from sluice.server.frames import build_message, encode_common_headers, parse_int_header
+from sluice.server.outbound import Outbound
+from sluice.server.receipts import ReceiptQueue, receipt_frame
 from sluice.stomp.codec import escape_value
 from sluice.stomp.connection import ConnState, Role, StompConnection
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
@@ -63,26 +66,6 @@ _ACK_MODES = {m.value: m for m in AckMode}
 _COPY_BODY_BELOW = 64 * 1024
 
 
-class _Receipt:
-    """A receipt waiting its turn: sent once `done` and every receipt before it is sent."""
-
-    __slots__ = ("closes", "done", "extra_headers", "receipt_id")
-
-    def __init__(
-        self,
-        receipt_id: str | None,
-        *,
-        done: bool,
-        extra_headers: str = "",
-        closes: bool = False,
-    ) -> None:
-        self.receipt_id = receipt_id
-        self.done = done
-        self.extra_headers = extra_headers
-        # DISCONNECT: close the connection once this receipt is out.
-        self.closes = closes
-
-
 class _SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         return f"[{self.extra['conn']} {self.extra['peer']}] {msg}", kwargs  # type: ignore[index]
@@ -103,11 +86,11 @@ class StompSession(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.core: BrokerConnection | None = None
         self.flow = FlowControl(self._pause_reading, self._resume_reading)
-        self._out: list[bytes] = []
-        self._flush_scheduled = False
+        self.outbound = Outbound(self.loop, limits.write_buffer_high_bytes, self._sent)
         # Receipts wait in order behind the persistent sends before them.
-        self._receipts: deque[_Receipt] = deque()
-        self._max_receipts = limits.max_pending_receipts_per_connection
+        self._receipts = ReceiptQueue(
+            limits.max_pending_receipts_per_connection, self.flow, self.broker.count
+        )
         self._timer: asyncio.TimerHandle | None = None
         self._slow_timer: asyncio.TimerHandle | None = None
         self._closing = False
@@ -125,7 +108,7 @@ class StompSession(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Set buffer limits and arm the CONNECT deadline."""
         # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = transport = cast(asyncio.Transport, transport)
+        self.transport = self.outbound.transport = transport = cast(asyncio.Transport, transport)
         limits = self.config.limits
         transport.set_write_buffer_limits(
             high=limits.write_buffer_high_bytes, low=limits.write_buffer_low_bytes
@@ -163,7 +146,7 @@ class StompSession(asyncio.Protocol):
         self.server.sessions.discard(self)
 
     def pause_writing(self) -> None:
-        """The peer is not keeping up: stop dispatching to this connection."""
+        """The peer is not keeping up: stop dispatching to this connection and reading from it."""
         self.flow.writing_paused(self.loop.time())
         self.broker.count("write_paused")
         if self._slow_timer is None:
@@ -172,7 +155,8 @@ class StompSession(asyncio.Protocol):
             )
 
     def resume_writing(self) -> None:
-        """The peer caught up: dispatch again."""
+        """The peer caught up: read and dispatch again."""
+        self.outbound.drained()
         self.flow.writing_resumed()
         if self._slow_timer is not None:
             self._slow_timer.cancel()
@@ -203,6 +187,16 @@ class StompSession(asyncio.Protocol):
     def reading_paused(self) -> bool:
         """The broker is not reading this connection (flow control)."""
         return self.flow.reading_paused
+
+    @property
+    def outbound_bytes(self) -> int:
+        """Bytes queued for the peer that its socket has not taken yet."""
+        return self.outbound.pending_bytes
+
+    @property
+    def pending_receipts(self) -> int:
+        """Receipts waiting for their frame's work or for an earlier receipt."""
+        return len(self._receipts)
 
     def pause_producer(self, reason: FlowReason) -> None:
         """The core asks to stop reading this producer."""
@@ -277,7 +271,7 @@ class StompSession(asyncio.Protocol):
         self._ack_by_id = self._version is Version.V1_2
         self.core = BrokerConnection(self.broker, self, frame.headers.get("client-id"))
         self.broker.count("connections_accepted")
-        self._write(data)
+        self.outbound.write(data)
         self._arm_heartbeat()
         receipt = frame.headers.get("receipt")
         if receipt is not None:
@@ -289,16 +283,13 @@ class StompSession(asyncio.Protocol):
         message = build_message(frame, self.broker.new_message_id(), self.broker.now_ms())
         txid = frame.headers.get("transaction")
         if message.persistent and txid is None:
-            entry = _Receipt(receipt, done=False)
-            self._receipts.append(entry)
+            entry = self._receipts.add(receipt, done=False)
 
             def stored(handle: WriteHandle | None) -> None:
                 entry.done = True
                 self._flush_receipts()
 
             core.send(message, stored, txid)
-            if len(self._receipts) >= self._max_receipts:
-                self.flow.pause(ReadPause.RECEIPTS)
         else:
             core.send(message, _ignore, txid)
             if receipt is not None:
@@ -374,8 +365,7 @@ class StompSession(asyncio.Protocol):
             return
         # A receipted ACK is answered once the acknowledgement is on disk: after the RECEIPT, a
         # crash cannot bring the message back.
-        entry = _Receipt(receipt, done=False)
-        self._receipts.append(entry)
+        entry = self._receipts.add(receipt, done=False)
 
         def durable() -> None:
             entry.done = True
@@ -394,8 +384,8 @@ class StompSession(asyncio.Protocol):
             self._receipt(receipt)
 
     def _on_commit(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        entry = _Receipt(receipt, done=False)
-        self._receipts.append(entry)
+        # Even without a receipt of its own, later receipts wait for the COMMIT to be written.
+        entry = self._receipts.add(receipt, done=False)
 
         def done() -> None:
             entry.done = True
@@ -412,7 +402,7 @@ class StompSession(asyncio.Protocol):
         self.close_reason = CloseReason.CLIENT_DISCONNECT
         # Stop reading; answer once every earlier persistent send is written, then close.
         self.flow.pause(ReadPause.CLOSING)
-        self._receipts.append(_Receipt(receipt, done=True, closes=True))
+        self._receipts.add(receipt, done=True, closes=True)
         self._flush_receipts()
 
     _handlers: ClassVar[
@@ -433,32 +423,19 @@ class StompSession(asyncio.Protocol):
 
     def _receipt(self, receipt_id: str, extra_headers: str = "") -> None:
         if self._receipts:
-            self._receipts.append(_Receipt(receipt_id, done=True, extra_headers=extra_headers))
+            self._receipts.add(receipt_id, done=True, extra_headers=extra_headers)
             self._flush_receipts()
         else:
-            self._write(self._receipt_bytes(receipt_id, extra_headers))
-
-    def _receipt_bytes(self, receipt_id: str, extra_headers: str = "") -> bytes:
-        if self._version is not Version.V1_0:
-            receipt_id = escape_value(receipt_id, self._version)
-        return (
-            b"RECEIPT\nreceipt-id:"
-            + receipt_id.encode()
-            + b"\n"
-            + extra_headers.encode()
-            + b"\n\x00"
-        )
+            self.outbound.write(receipt_frame(receipt_id, extra_headers, self._version))
 
     def _flush_receipts(self) -> None:
-        receipts = self._receipts
         disconnect = False
-        while receipts and receipts[0].done:
-            entry = receipts.popleft()
+        for entry in self._receipts.pop_done():
             if entry.receipt_id is not None:
-                self._write(self._receipt_bytes(entry.receipt_id, entry.extra_headers))
+                self.outbound.write(
+                    receipt_frame(entry.receipt_id, entry.extra_headers, self._version)
+                )
             disconnect = disconnect or entry.closes
-        if len(receipts) < self._max_receipts // 2:
-            self.flow.resume(ReadPause.RECEIPTS)
         if disconnect:
             self._close(CloseReason.CLIENT_DISCONNECT)
 
@@ -484,39 +461,27 @@ class StompSession(asyncio.Protocol):
                 sub.link_data,
                 delivery_count,
             )
-        out = self._out
+        outbound = self.outbound
+        out = outbound.chunks
         body = message.body
         if delivery_count > 1:
             head += b"redelivered:true\n"
         if len(body) < _COPY_BODY_BELOW:
             # One buffer per frame: cheaper than three for the transport to gather.
-            out.append(b"".join((head, common, body, b"\x00")))
+            frame = b"".join((head, common, body, b"\x00"))
+            out.append(frame)
+            size = len(frame)
         else:
-            out.append(head + common)
+            head += common
+            out.append(head)
             out.append(body)
             out.append(b"\x00")
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+            size = len(head) + len(body) + 1
+        outbound.queued(size)
 
     # -- writing --------------------------------------------------------------------------------
 
-    def _write(self, data: bytes) -> None:
-        self._out.append(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        out = self._out
-        if not out:
-            return
-        self._out = []
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        transport.writelines(out)
+    def _sent(self) -> None:
         self.stomp.data_sent(self.loop.time())
 
     # -- heart-beats and timers -----------------------------------------------------------------
@@ -544,11 +509,9 @@ class StompSession(asyncio.Protocol):
             self._close(CloseReason.HEARTBEAT_TIMEOUT)
             return
         if self.stomp.heartbeat_due(now):
-            if self._out:
-                self._flush()
-            else:
-                self._write(self.stomp.heartbeat())
-                self._flush()
+            if not self.outbound.chunks:
+                self.outbound.write(self.stomp.heartbeat())
+            self.outbound.flush()
         self._arm_heartbeat()
 
     def _connect_timeout(self) -> None:
@@ -582,7 +545,7 @@ class StompSession(asyncio.Protocol):
         body = b""
         if frame is not None:
             body = f"The {frame.command} frame could not be processed.\n".encode()
-        self._write(self.stomp.error_frame(message, receipt_id=receipt_id, body=body))
+        self.outbound.write(self.stomp.error_frame(message, receipt_id=receipt_id, body=body))
         self._close(reason)
 
     def _close(self, reason: CloseReason, *, abort: bool = False) -> None:
@@ -592,7 +555,7 @@ class StompSession(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        self._flush()
+        self.outbound.flush()
         if abort:
             transport.abort()
         else:
