@@ -21,7 +21,13 @@ class ProtocolError(SluiceError):
 
 
 class RemoteProtocolError(ProtocolError):
-    """The peer sent bytes or frames that break the protocol; the connection cannot go on."""
+    """The peer sent bytes or frames that break the protocol; the connection cannot go on.
+
+    `receipt_id` is the `receipt` header of the offending frame when it could be read, so the
+    ERROR that answers it can carry `receipt-id`; None otherwise.
+    """
+
+    receipt_id: str | None = None
 
 
 class LocalProtocolError(ProtocolError):

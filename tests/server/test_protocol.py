@@ -332,7 +332,57 @@ def test_send_without_destination_names_it(broker: RunningBroker) -> None:
     error = c.frame()
     assert error.command == "ERROR"
     assert "destination" in error.headers["message"]
+    assert error.headers["receipt-id"] == "r1"
     assert c.closed()
+
+
+@pytest.mark.parametrize(
+    ("frame", "receipt"),
+    [
+        (b"SEND\nreceipt:r1\n\nbody\0", "r1"),  # no destination
+        (b"ACK\nreceipt:r1\n\n\0", "r1"),  # no id
+        (b"SUBSCRIBE\nid:1\ndestination:/queue/a\nreceipt:r1\n\nnot allowed\0", "r1"),
+        (b"SUBSCRIBE\nid:1\ndestination:/queue/a\nreceipt:r1\ncontent-length:3\n\nabc\0", "r1"),
+        (b"SEND\ndestination:/queue/a\nreceipt:r1\ncontent-length:1\n\nxy\0", "r1"),
+        (b"SEND\ndestination:/queue/a\nreceipt:r1\ncontent-length:z\n\nx\0", "r1"),
+        (b"CONNECT\naccept-version:1.2\nreceipt:r1\n\n\0", "r1"),  # connected already
+        # Not a frame at all, but the receipt header could be read: it is named.
+        (b"SEND\ndestination:/queue/a\nreceipt:r\\c1\nbad:x\\ty\n\nbody\0", "r:1"),
+        (b"SEND\ndestination:/queue/a\nbad:x\\ty\nreceipt:r1\n\nbody\0", "r1"),
+        # The receipt header itself cannot be read: no receipt-id rather than a guess.
+        (b"SEND\ndestination:/queue/a\nreceipt:r\\t1\n\nbody\0", None),
+        (b"SEND\ndestination:/queue/a\nreceipt\n\nbody\0", None),
+    ],
+)
+def test_protocol_error_names_the_receipt_of_the_failing_frame(
+    broker: RunningBroker, frame: bytes, receipt: str | None
+) -> None:
+    c = RawStomp(broker.port)
+    c.connect()
+    c.send(frame)
+    error = c.frame()
+    assert error.command == "ERROR", error
+    assert error.headers.get("receipt-id") == receipt
+    assert c.closed()
+
+
+def test_refused_connect_names_its_receipt(broker: RunningBroker) -> None:
+    c = RawStomp(broker.port)
+    c.send(b"CONNECT\naccept-version:2.0\nhost:x\nreceipt:c1\n\n\0")
+    error = c.frame()
+    assert error.command == "ERROR"
+    assert error.headers["receipt-id"] == "c1"
+    assert c.closed()
+
+
+def test_frame_limit_error_names_the_receipt(small_broker: RunningBroker) -> None:
+    c = RawStomp(small_broker.port)
+    c.connect()
+    headers = b"".join(b"h%d:v\n" % i for i in range(20))
+    c.send(b"SEND\ndestination:/queue/a\nreceipt:big\n" + headers + b"\nx\0")
+    error = c.frame()
+    assert "max_headers" in error.headers["message"]
+    assert error.headers["receipt-id"] == "big"
 
 
 def test_body_on_a_frame_that_must_not_have_one(broker: RunningBroker) -> None:

@@ -224,7 +224,7 @@ class StompSession(asyncio.Protocol):
                 self._handle(event)
         except RemoteProtocolError as exc:
             self.broker.count("protocol_errors")
-            self._fail(CloseReason.PROTOCOL_ERROR, str(exc))
+            self._fail(CloseReason.PROTOCOL_ERROR, str(exc), receipt_id=exc.receipt_id)
         except Exception:
             self.log.exception("internal error while handling a frame")
             self._fail(CloseReason.INTERNAL_ERROR, "internal error")
@@ -255,25 +255,33 @@ class StompSession(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         hb = self.config.heartbeat
+        receipt = frame.headers.get("receipt")
         authenticated = self.server.authenticate(
             frame.headers.get("login"), frame.headers.get("passcode")
         )
         if not authenticated:
-            self._fail(CloseReason.REQUEST_ERROR, "access refused: bad login or passcode")
+            self._fail(
+                CloseReason.REQUEST_ERROR,
+                "access refused: bad login or passcode",
+                receipt_id=receipt,
+            )
             return
-        data = self.stomp.accept(
-            frame,
-            server_heartbeat=(hb.send_ms, hb.receive_ms),
-            server_name=f"sluice/{self.server.version}",
-            session=f"{self.server.name}-{id(self)}",
-        )
+        try:
+            data = self.stomp.accept(
+                frame,
+                server_heartbeat=(hb.send_ms, hb.receive_ms),
+                server_name=f"sluice/{self.server.version}",
+                session=f"{self.server.name}-{id(self)}",
+            )
+        except RemoteProtocolError as exc:
+            exc.receipt_id = receipt  # no common version, a malformed heart-beat
+            raise
         self._version = self.stomp.version
         self._ack_by_id = self._version is Version.V1_2
         self.core = BrokerConnection(self.broker, self, frame.headers.get("client-id"))
         self.broker.count("connections_accepted")
         self.outbound.write(data)
         self._arm_heartbeat()
-        receipt = frame.headers.get("receipt")
         if receipt is not None:
             self._receipt(receipt)
 

@@ -10,6 +10,9 @@ dropped once per `feed`, not once per frame), searches with `bytearray.find`, an
 search stopped so that a frame arriving in many small pieces is not scanned again from its start.
 It never holds more than `max_frame_bytes` of a partial frame (plus the chunk just fed): an oversize
 frame, header block or announced `content-length` is rejected as soon as it is known.
+
+A frame refused once its header lines are known names its `receipt` header in the error
+(`RemoteProtocolError.receipt_id`), when that header can be read, for the ERROR's `receipt-id`.
 """
 
 from __future__ import annotations
@@ -109,6 +112,20 @@ def _unescape(text: str, table: dict[str, str], command: Command) -> str:
             raise RemoteProtocolError(f"{what} in a header of the {command} frame")
         out.append(replacement)
         start = index + 2
+
+
+def _receipt_hint(lines: list[str], table: dict[str, str] | None, command: Command) -> str | None:
+    """The `receipt` header among a refused frame's header lines, or None if it cannot be read."""
+    for line in lines[1:]:
+        key, sep, value = line.partition(":")
+        if sep and key == "receipt":  # the first of repeated headers wins
+            if table is None or command in _RAW_COMMANDS:
+                return value
+            try:
+                return _unescape(value, table, command)
+            except RemoteProtocolError:
+                return None
+    return None
 
 
 class FrameParser:
@@ -211,18 +228,22 @@ class FrameParser:
             if nul >= end:
                 return None
             if buf[nul] != 0:
-                raise RemoteProtocolError(
-                    f"{command} frame is not terminated by NUL after its content-length octets"
+                raise self._refuse(
+                    RemoteProtocolError(
+                        f"{command} frame is not terminated by NUL after its content-length octets"
+                    )
                 )
         elif command in BODY_COMMANDS:
             limit = pos + self.limits.max_frame_bytes
             nul = buf.find(0, pos + self._scan, limit)
             if nul < 0:
                 if end >= limit:
-                    raise FrameLimitExceeded(
-                        "max_frame_bytes",
-                        self.limits.max_frame_bytes,
-                        f"{command} frame without NUL within the limit",
+                    raise self._refuse(
+                        FrameLimitExceeded(
+                            "max_frame_bytes",
+                            self.limits.max_frame_bytes,
+                            f"{command} frame without NUL within the limit",
+                        )
                     )
                 self._scan = end - pos
                 return None
@@ -231,7 +252,7 @@ class FrameParser:
             if body_start >= end:
                 return None
             if buf[body_start] != 0:
-                raise RemoteProtocolError(f"frame {command} must not have a body")
+                raise self._refuse(RemoteProtocolError(f"frame {command} must not have a body"))
             nul = body_start
         body = bytes(buf[body_start:nul]) if nul > body_start else b""
         frame = _make_frame(command, self._headers, body)
@@ -306,50 +327,59 @@ class FrameParser:
         command = _COMMANDS.get(lines[0])
         if command is None:
             raise RemoteProtocolError(f"unknown command {_preview(lines[0])}")
-        count = len(lines) - 1
-        if count > limits.max_headers:
-            raise FrameLimitExceeded("max_headers", limits.max_headers, f"{count} headers")
-        headers: dict[str, str] = {}
-        if count:
-            table = self._unescapes
-            if table is not None and "\\" in text and command not in _RAW_COMMANDS:
-                self._parse_escaped(lines, headers, table, command)
-            else:
-                setdefault = headers.setdefault  # first of repeated headers wins
-                for line in lines[1:]:
-                    key, sep, value = line.partition(":")
-                    if not sep:
-                        raise RemoteProtocolError(f"header line without ':' in {command} frame")
-                    setdefault(key, value)
-        length = -1
-        declared = headers.get("content-length")
-        if declared is not None:
-            if not (declared.isascii() and declared.isdigit()):
-                raise RemoteProtocolError(f"invalid content-length {_preview(declared)}")
-            if len(declared.lstrip("0")) > _MAX_LENGTH_DIGITS:
+        try:
+            count = len(lines) - 1
+            if count > limits.max_headers:
+                raise FrameLimitExceeded("max_headers", limits.max_headers, f"{count} headers")
+            headers: dict[str, str] = {}
+            if count:
+                table = self._unescapes
+                if table is not None and "\\" in text and command not in _RAW_COMMANDS:
+                    self._parse_escaped(lines, headers, table, command)
+                else:
+                    setdefault = headers.setdefault  # first of repeated headers wins
+                    for line in lines[1:]:
+                        key, sep, value = line.partition(":")
+                        if not sep:
+                            raise RemoteProtocolError(f"header line without ':' in {command} frame")
+                        setdefault(key, value)
+            length = -1
+            declared = headers.get("content-length")
+            if declared is not None:
+                if not (declared.isascii() and declared.isdigit()):
+                    raise RemoteProtocolError(f"invalid content-length {_preview(declared)}")
+                if len(declared.lstrip("0")) > _MAX_LENGTH_DIGITS:
+                    raise FrameLimitExceeded(
+                        "max_frame_bytes", limits.max_frame_bytes, "content-length too large"
+                    )
+                length = int(declared)
+                if length and command not in BODY_COMMANDS:
+                    raise RemoteProtocolError(f"frame {command} must not have a body")
+                frame_bytes = body_start - pos + length + 1
+                if frame_bytes > limits.max_frame_bytes:
+                    raise FrameLimitExceeded(
+                        "max_frame_bytes",
+                        limits.max_frame_bytes,
+                        f"content-length announces a frame of {frame_bytes} bytes",
+                    )
+            elif body_start - pos >= limits.max_frame_bytes:
                 raise FrameLimitExceeded(
-                    "max_frame_bytes", limits.max_frame_bytes, "content-length too large"
+                    "max_frame_bytes", limits.max_frame_bytes, "headers leave no room for the NUL"
                 )
-            length = int(declared)
-            if length and command not in BODY_COMMANDS:
-                raise RemoteProtocolError(f"frame {command} must not have a body")
-            frame_bytes = body_start - pos + length + 1
-            if frame_bytes > limits.max_frame_bytes:
-                raise FrameLimitExceeded(
-                    "max_frame_bytes",
-                    limits.max_frame_bytes,
-                    f"content-length announces a frame of {frame_bytes} bytes",
-                )
-        elif body_start - pos >= limits.max_frame_bytes:
-            raise FrameLimitExceeded(
-                "max_frame_bytes", limits.max_frame_bytes, "headers leave no room for the NUL"
-            )
+        except RemoteProtocolError as exc:
+            exc.receipt_id = _receipt_hint(lines, self._unescapes, command)
+            raise
         self._command = command
         self._headers = headers
         self._body_offset = body_start - pos
         self._body_length = length
         self._scan = body_start - pos
         return True
+
+    def _refuse(self, error: RemoteProtocolError) -> RemoteProtocolError:
+        """`error`, naming the receipt of the frame whose headers were parsed."""
+        error.receipt_id = self._headers.get("receipt")
+        return error
 
     @staticmethod
     def _parse_escaped(
