@@ -107,11 +107,20 @@ def valid_prefixes() -> st.SearchStrategy[bytes]:
     return frames().map(lambda case: encode_frame(case[1].command, case[2], case[1].body, case[0]))
 
 
+# Header blocks around SMALL.max_header_bytes and header counts around SMALL.max_headers.
+near_limits = st.one_of(
+    st.integers(min_value=80, max_value=110).map(lambda n: b"SEND\nh:" + b"v" * n + b"\n\n\0"),
+    st.integers(min_value=2, max_value=7).map(
+        lambda n: b"SEND\n" + b"".join(b"h%d:v\n" % i for i in range(n)) + b"\n\0"
+    ),
+)
+
 junk = st.one_of(
     st.binary(max_size=400),
     st.lists(
         st.one_of(
             valid_prefixes(),
+            near_limits,
             st.sampled_from(
                 [
                     b"\n",
@@ -132,6 +141,16 @@ junk = st.one_of(
 )
 
 
+def assert_within_limits(frame: Frame, limits: StompLimits) -> None:
+    """A frame the parser let through respects every limit. Its header block on the wire was at
+    least as long as the decoded lines (unescaping only shortens; repeats were dropped)."""
+    assert len(frame.headers) <= limits.max_headers
+    header_bytes = len(frame.command.value) + 1
+    header_bytes += sum(len(k.encode()) + len(v.encode()) + 2 for k, v in frame.headers.items())
+    assert header_bytes <= limits.max_header_bytes
+    assert header_bytes + len(frame.body) + 1 <= limits.max_frame_bytes
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(junk, st.integers(min_value=1, max_value=64), versions)
 def test_random_bytes_only_raise_protocol_errors(data: bytes, chunk: int, version: Version) -> None:
@@ -143,6 +162,8 @@ def test_random_bytes_only_raise_protocol_errors(data: bytes, chunk: int, versio
             assert parser.buffered_bytes <= SMALL.max_frame_bytes + len(piece)
             while (event := parser.next_event()) is not None:
                 assert isinstance(event, Frame | HeartBeat)
+                if isinstance(event, Frame):
+                    assert_within_limits(event, SMALL)
             # Drained: only a partial frame is left, and it is within the limit.
             assert parser.buffered_bytes <= SMALL.max_frame_bytes
     except RemoteProtocolError:
@@ -163,6 +184,8 @@ def test_random_bytes_into_a_connection_only_raise_protocol_errors(
         for offset in range(0, len(data) + 1, chunk):
             conn.receive_data(data[offset : offset + chunk], float(offset))
             while (event := conn.next_event()) is not None:
+                if isinstance(event, Frame):
+                    assert_within_limits(event, SMALL)
                 if isinstance(event, Frame) and event.command is Command.CONNECT:
                     conn.accept(event, server_heartbeat=(0, 0), server_name="s", session="1")
             assert conn.buffered_bytes <= SMALL.max_frame_bytes
