@@ -56,13 +56,20 @@ def test_unwritable_link_is_skipped_until_it_drains() -> None:
     producer, _ = h.connect()
     slow, slow_link = h.connect()
     fast, fast_link = h.connect()
-    slow.subscribe("s", "/queue/q", AckMode.AUTO)
-    fast.subscribe("s", "/queue/q", AckMode.AUTO)
+    sub = slow.subscribe("s", "/queue/q", AckMode.AUTO)
+    fast.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, prefetch=2)
     slow_link.writable = False
     for i in range(4):
         h.send(producer, "/queue/q", b"%d" % i)
-    assert fast_link.bodies() == [b"0", b"1", b"2", b"3"]
-    assert slow_link.bodies() == []
+    assert fast_link.bodies() == [b"0", b"1"]
+    assert slow_link.bodies() == []  # "2" and "3" wait: fast has no credit, slow is full
+    # The link drains; the session wakes its destinations (as on `resume_writing`).
+    slow_link.writable = True
+    assert sub is not None
+    sub.destination.wakeup()
+    h.loop.run()
+    assert slow_link.bodies() == [b"2", b"3"]
+    assert fast_link.bodies() == [b"0", b"1"]
 
 
 def test_nack_puts_message_back_at_its_place() -> None:
