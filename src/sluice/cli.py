@@ -45,10 +45,37 @@ def _host_port(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def _brokers(value: str) -> str:
+    from sluice.client.address import parse_brokers  # noqa: PLC0415 - keeps start-up light
+
+    try:
+        parse_brokers(value)
+    except SluiceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _count(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a count of 0 or more, got {value!r}")
+    return int(value)
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {value!r}")
+    return seconds
+
+
 def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--broker",
         default=DEFAULT_BROKER,
+        type=_brokers,
         help="HOST:PORT of the broker; a comma-separated list fails over (default %(default)s)",
     )
     p.add_argument("--login", default=None)
@@ -79,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("recv", help="receive messages and print their bodies")
     _client_args(r)
     r.add_argument("destination")
-    r.add_argument("-n", "--count", type=int, default=1, help="messages to receive (0: forever)")
-    r.add_argument("--timeout", type=float, default=None, help="seconds to wait for each message")
+    r.add_argument("-n", "--count", type=_count, default=1, help="messages to receive (0: forever)")
+    r.add_argument(
+        "--timeout", type=_seconds, default=None, help="seconds to wait for each message"
+    )
     r.add_argument("--ack", choices=["auto", "client", "client-individual"], default="client")
     r.add_argument("--show-headers", action="store_true")
 
@@ -98,8 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(verbose: int) -> None:
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+# One-shot client commands: a failure is one line on stderr, so the client's own warnings
+# (a broker's ERROR, a reconnect) are shown only with -v.
+_QUIET_COMMANDS = frozenset({"send", "recv"})
+
+
+def _setup_logging(verbose: int, command: str) -> None:
+    quiet = logging.ERROR if command in _QUIET_COMMANDS else logging.WARNING
+    level = quiet if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
@@ -253,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.verbose)
+    _setup_logging(args.verbose, args.command)
     try:
         return _COMMANDS[args.command](args)
     except _UsageError as exc:

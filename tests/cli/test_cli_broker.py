@@ -1,0 +1,73 @@
+"""`sluice broker --store memory|journal --data DIR`: the flags win over the configuration file,
+and a journal broker keeps what `sluice send --persistent` was told is stored, across a kill."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from brokerproc import BrokerProcess
+
+from .conftest import sluice, stderr_lines
+
+# Small journal files: quick to preallocate.
+SMALL_FILES = "journal_file_bytes = 4194304\n"
+
+
+def _address(broker: BrokerProcess) -> str:
+    return f"127.0.0.1:{broker.port}"
+
+
+def test_journal_flags_keep_a_persistent_message_across_a_kill(tmp_path: Path) -> None:
+    data = tmp_path / "flag-data"
+    # The file says memory and another directory: the flags decide.
+    config = f'[store]\nkind = "memory"\ndata_dir = "{tmp_path / "file-data"}"\n{SMALL_FILES}'
+    args = ("--store", "journal", "--data", str(data))
+    first = BrokerProcess(config, tmp_path, *args).start()
+    try:
+        assert f"data: {data}" in first.log_text
+        kept = sluice("send", "/queue/kept", "kept", "--persistent", "--broker", _address(first))
+        assert kept.returncode == 0, kept.stderr
+        lost = sluice("send", "/queue/kept", "not persistent", "--broker", _address(first))
+        assert lost.returncode == 0, lost.stderr
+    finally:
+        # SIGKILL: the RECEIPT that `send --persistent` waited for means the message is on disk.
+        first.kill()
+    assert (data / "journal").is_dir()
+    assert not (tmp_path / "file-data").exists()
+
+    second = BrokerProcess(config, tmp_path, *args).start()
+    try:
+        got = sluice("recv", "/queue/kept", "--broker", _address(second), "--timeout", "10")
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == b"kept\n"
+        # The non-persistent one was in memory only.
+        none = sluice("recv", "/queue/kept", "--broker", _address(second), "--timeout", "0.5")
+        assert none.returncode == 1
+    finally:
+        assert second.stop() == 0
+
+
+def test_memory_flag_wins_over_a_journal_configuration(tmp_path: Path) -> None:
+    config = f'[store]\nkind = "journal"\ndata_dir = "{tmp_path / "data"}"\n{SMALL_FILES}'
+    first = BrokerProcess(config, tmp_path, "--store", "memory").start()
+    try:
+        assert "(store: memory)" in first.log_text
+        sent = sluice("send", "/queue/m", "gone", "--persistent", "--broker", _address(first))
+        assert sent.returncode == 0, sent.stderr
+    finally:
+        assert first.stop() == 0
+    assert not (tmp_path / "data").exists()
+
+    second = BrokerProcess(config, tmp_path, "--store", "memory").start()
+    try:
+        got = sluice("recv", "/queue/m", "--broker", _address(second), "--timeout", "0.5")
+        assert got.returncode == 1
+        assert stderr_lines(got) == ["sluice recv: no message within 0.5 s"]
+    finally:
+        assert second.stop() == 0
+
+
+def test_unknown_store_is_a_usage_error(tmp_path: Path) -> None:
+    result = sluice("broker", "--store", "paper", "--stomp", "127.0.0.1:0")
+    assert result.returncode == 2
+    assert "argument --store" in stderr_lines(result)[-1]
