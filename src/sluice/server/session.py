@@ -22,7 +22,7 @@ from sluice.core.connection import BrokerConnection
 from sluice.core.message import AckMode, Message
 from sluice.core.subscription import Subscription
 from sluice.core.topic import Topic
-from sluice.errors import LimitExceeded, RemoteProtocolError, RequestError
+from sluice.errors import LimitExceeded, RemoteProtocolError, RequestError, StoreUnavailableError
 from sluice.server.flow import FlowControl, ReadPause
 from sluice.server.frames import build_message, encode_common_headers, parse_int_header
 from sluice.stomp.codec import escape_value
@@ -49,6 +49,7 @@ class CloseReason(enum.Enum):
     SLOW_CONSUMER = "slow_consumer"
     SHUTDOWN = "shutdown"
     INTERNAL_ERROR = "internal_error"
+    STORE_FAILURE = "store_failure"
 
 
 _FLOW_TO_PAUSE = {
@@ -249,9 +250,12 @@ class StompSession(asyncio.Protocol):
             handler = self._handlers[command]
             handler(self, core, frame, receipt)
         except (RequestError, LimitExceeded) as exc:
-            reason = (
-                CloseReason.LIMIT if isinstance(exc, LimitExceeded) else CloseReason.REQUEST_ERROR
-            )
+            if isinstance(exc, LimitExceeded):
+                reason = CloseReason.LIMIT
+            elif isinstance(exc, StoreUnavailableError):
+                reason = CloseReason.STORE_FAILURE
+            else:
+                reason = CloseReason.REQUEST_ERROR
             self._fail(reason, str(exc), receipt_id=receipt, frame=frame)
 
     # -- CONNECT --------------------------------------------------------------------------------
@@ -293,6 +297,9 @@ class StompSession(asyncio.Protocol):
             self._receipts.append(entry)
 
             def stored(handle: WriteHandle | None) -> None:
+                if handle is not None and handle.error is not None:
+                    self._receipt_failed(entry, _NOT_STORED)
+                    return
                 entry.done = True
                 self._flush_receipts()
 
@@ -401,7 +408,10 @@ class StompSession(asyncio.Protocol):
             entry.done = True
             self._flush_receipts()
 
-        core.commit(frame.headers["transaction"], done)
+        def failed() -> None:
+            self._receipt_failed(entry, _NOT_COMMITTED)
+
+        core.commit(frame.headers["transaction"], done, failed)
 
     def _on_abort(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
         core.abort(frame.headers["transaction"])
@@ -448,6 +458,18 @@ class StompSession(asyncio.Protocol):
             + extra_headers.encode()
             + b"\n\x00"
         )
+
+    def _receipt_failed(self, entry: _Receipt, message: str) -> None:
+        """The store failed to write what `entry` waits for: the receipts before it go out, then
+        an ERROR for it (never a RECEIPT), and the connection closes."""
+        if self._closing:
+            return
+        receipts = self._receipts
+        while receipts and receipts[0] is not entry and receipts[0].done:
+            done = receipts.popleft()
+            if done.receipt_id is not None:
+                self._write(self._receipt_bytes(done.receipt_id, done.extra_headers))
+        self._fail(CloseReason.STORE_FAILURE, message, receipt_id=entry.receipt_id)
 
     def _flush_receipts(self) -> None:
         receipts = self._receipts
@@ -613,6 +635,10 @@ class StompSession(asyncio.Protocol):
         self._timer = self._slow_timer = None
         if self.core is not None:
             self.core.close()
+
+
+_NOT_STORED = "the message was not stored: the message store failed (see the broker log)"
+_NOT_COMMITTED = "the transaction was not committed: the message store failed (see the broker log)"
 
 
 def _ignore(handle: WriteHandle | None) -> None:
