@@ -15,6 +15,7 @@ import uvloop
 
 from sluice import config as config_mod
 from sluice.server.listener import BrokerServer
+from sluice.store.api import MessageStore
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -71,8 +72,9 @@ class RunningBroker:
             self.thread.join(30)
 
 
-def start_broker(**overrides: dict[str, Any]) -> RunningBroker:
-    """Start a broker (memory store, port 0 unless overridden) on its own loop thread."""
+def start_broker(message_store: MessageStore | None = None, **overrides: Any) -> RunningBroker:
+    """Start a broker (memory store, port 0 unless overridden) on its own loop thread;
+    `message_store` replaces the configured message store."""
     sections: dict[str, dict[str, Any]] = {"stomp": {"port": 0}, "store": {"kind": "memory"}}
     for section, values in overrides.items():
         sections.setdefault(section, {}).update(values)
@@ -84,7 +86,7 @@ def start_broker(**overrides: dict[str, Any]) -> RunningBroker:
         loop = uvloop.new_event_loop()
 
         async def main() -> None:
-            server = BrokerServer(cfg)
+            server = BrokerServer(cfg, store=message_store)
             await server.start()
             stopped = asyncio.Event()
             started.set_result(RunningBroker(server, loop, threading.current_thread(), stopped))
