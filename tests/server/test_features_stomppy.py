@@ -122,7 +122,9 @@ def test_message_groups_stick_close_and_respect_max_open_groups(broker: RunningB
     _, b_col = consumers[owner["B"]]
     a_end = a_col.message()
     assert a_end.body == "A-end"
-    assert a_col.no_message() and b_col.no_message()  # C waits: both have their one group
+    # C waits: both consumers have their one group.
+    assert a_col.no_message()
+    assert b_col.no_message()
     # A closes once its last message is acknowledged: its consumer takes C, in order.
     for frame in first[owner["A"]]:
         a_conn.ack(frame.headers["ack"])
