@@ -23,11 +23,10 @@ async def main() -> None:
     ):
         sub_a = await a.subscribe(queue, ack="client-individual")
         sub_b = await b.subscribe(queue, ack="client-individual")
-        for account, n in [("alice", 0), ("alice", 1), ("bob", 0), ("bob", 1)] + [
-            ("alice", 2),
-            ("bob", 2),
-        ]:
-            await producer.send(queue, f"{account}-{n}", headers={"JMSXGroupID": account})
+        # In this order, plain round robin would give each consumer some of both accounts.
+        order = ["alice-0", "alice-1", "bob-0", "bob-1", "alice-2", "bob-2"]
+        for body in order:
+            await producer.send(queue, body, headers={"JMSXGroupID": body.split("-")[0]})
         for name, sub, client in (("a", sub_a, a), ("b", sub_b, b)):
             got = []
             for _ in range(3):
@@ -53,13 +52,10 @@ async def main() -> None:
         headers = {"x-max-open-groups": "1"}
         sub_a = await a.subscribe(one_at_a_time, ack="client-individual", headers=headers)
         sub_b = await b.subscribe(one_at_a_time, ack="client-individual", headers=headers)
-        for body, group, last in [("X-0", "X", False), ("Y-0", "Y", False)] + [
-            ("Z-0", "Z", False),
-            ("X-1", "X", True),
-        ]:
-            group_headers = {"JMSXGroupID": group}
-            if last:
-                group_headers["JMSXGroupSeq"] = "-1"  # closes the group
+        for body in ("X-0", "Y-0", "Z-0", "X-1"):
+            group_headers = {"JMSXGroupID": body[0]}
+            if body == "X-1":
+                group_headers["JMSXGroupSeq"] = "-1"  # the last of X: closes the group
             await producer.send(one_at_a_time, body, headers=group_headers)
         for name, sub, client, count in (("a", sub_a, a, 3), ("b", sub_b, b, 1)):
             got = []

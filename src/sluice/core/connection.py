@@ -26,10 +26,11 @@ from sluice.core.message import (
 from sluice.core.selector import Selector, SelectorError, compile_selector
 from sluice.core.subscription import Link, Subscription
 from sluice.core.topic import Topic
+from sluice.core.transaction import Transaction
 from sluice.core.usage import Usage
 from sluice.core.wildcard import WildcardError, compile_pattern, is_wildcard
 from sluice.errors import LimitExceeded, RequestError, StoreFullError, StoreUnavailableError
-from sluice.store.api import MessageStore, WriteHandle
+from sluice.store.api import WriteHandle
 
 log = logging.getLogger(__name__)
 
@@ -63,28 +64,6 @@ class WildcardSubscription:
         self.attach = attach
         self.children: list[Subscription] = []
         self.link_data = b""
-
-
-# What a transaction's stub of one message costs beyond its header text (the objects and the
-# transaction's list entry), counted against `max_transaction_held_bytes`.
-STUB_OVERHEAD_BYTES = 256
-
-
-class Transaction:
-    """Messages sent and deliveries acknowledged inside BEGIN ... COMMIT."""
-
-    __slots__ = ("acks", "adds", "held_bytes", "id", "store_id", "uses_temp_store")
-
-    def __init__(self, txid: str, store_id: str) -> None:
-        self.id = txid
-        self.store_id = store_id
-        # Stubs of the messages sent (the whole message only with the memory store).
-        self.adds: list[tuple[Destination, Message]] = []
-        self.acks: list[tuple[Subscription, int, Message]] = []
-        # Memory the transaction holds until it ends (counted in the broker's usage).
-        self.held_bytes = 0
-        # Non-persistent messages of the transaction were written to the temp store.
-        self.uses_temp_store = False
 
 
 class BrokerConnection:
@@ -148,7 +127,7 @@ class BrokerConnection:
             on_stored(None)
             return None
         if txid is not None:
-            held_whole = self._send_transacted(self._tx(txid), destination, message)
+            held_whole = self._tx(txid).add(destination, message)
             on_stored(None)
             if held_whole:
                 # Only the memory store: memory is all there is, and it bounds the producer.
@@ -165,49 +144,6 @@ class BrokerConnection:
             self._track_stream(destination.name, stream_id, closes_group(headers))
         broker.accept(destination, message, on_stored)
         return self._check_flow(destination, message)
-
-    def _send_transacted(self, tx: Transaction, destination: Destination, message: Message) -> bool:
-        """Write a transacted message as it arrives, marked with its transaction: persistent
-        ones to the store, non-persistent ones to the temp store. The transaction keeps a
-        body-less stub for COMMIT. Only without a store that pages (the memory store) does it
-        hold the message itself: then this returns True."""
-        broker = self.broker
-        limits = broker.limits
-        if len(tx.adds) >= limits.max_transaction_messages:
-            broker.count("limit_max_transaction_messages")
-            raise LimitExceeded(
-                "max_transaction_messages", limits.max_transaction_messages, f"transaction {tx.id}"
-            )
-        if message.persistent:
-            store: MessageStore | None = broker.store if broker.store_pages else None
-        else:
-            store = broker.temp_store
-        kept = message.without_body() if store is not None else message
-        held = kept.nbytes + STUB_OVERHEAD_BYTES
-        if tx.held_bytes + held > limits.max_transaction_held_bytes:
-            broker.count("limit_max_transaction_held_bytes")
-            raise LimitExceeded(
-                "max_transaction_held_bytes",
-                limits.max_transaction_held_bytes,
-                f"transaction {tx.id}",
-            )
-        if store is not None:
-            if not message.persistent:
-                message.spooled = kept.spooled = True
-                kept.in_store = False
-                if not tx.uses_temp_store:
-                    tx.uses_temp_store = True
-                    store.begin(tx.store_id)
-            broker.track_write(message)
-            store.add(message, broker.write_done, tx.store_id)
-        elif message.persistent:
-            # The memory store keeps the message itself (and so does the transaction).
-            broker.track_write(message)
-            broker.store.add(message, broker.write_done, tx.store_id)
-        tx.adds.append((destination, kept))
-        tx.held_bytes += held
-        broker.usage.add(held)
-        return store is None
 
     def _track_stream(self, destination: str, stream_id: str, ends: bool) -> None:
         """Remember live (non-transacted) streams this connection is sending, to abort them if
@@ -578,7 +514,7 @@ class BrokerConnection:
         if len(self.txs) >= limit:
             self.broker.count("limit_max_transactions_per_connection")
             raise LimitExceeded("max_transactions_per_connection", limit)
-        tx = Transaction(txid, f"{self.id}:{txid}")
+        tx = Transaction(self.broker, txid, f"{self.id}:{txid}")
         self.txs[txid] = tx
         self.broker.store.begin(tx.store_id)
 
@@ -592,108 +528,13 @@ class BrokerConnection:
         `on_failed` if the store failed to write it (nothing of it then shows)."""
         tx = self._tx(txid)
         del self.txs[txid]
-        seqs: list[int] = []
-        temp_seqs: list[int] = []
-        duplicates: set[int] = set()
-        registered: list[tuple[Destination, str]] = []
-        broker = self.broker
-        for i, (destination, message) in enumerate(tx.adds):
-            dedup_id = message.headers.get(DEDUP_ID)
-            if dedup_id is not None:
-                if dedup_id in destination.dedup:
-                    # Committed by someone else since it was sent: keep only the first.
-                    duplicates.add(i)
-                    broker.count("duplicates_dropped")
-                    if message.persistent or message.spooled:
-                        # The store needs a sequence for every add; this one is removed at once.
-                        message.seq = destination.next_seq()
-                        (seqs if message.persistent else temp_seqs).append(message.seq)
-                    continue
-                destination.dedup.add(dedup_id)
-                registered.append((destination, dedup_id))
-            destination.reserve_committed(message)
-            if message.persistent:
-                seqs.append(message.seq)
-            elif message.spooled:
-                temp_seqs.append(message.seq)
-
-        failed = False
-        waiting = 1
-
-        def written(handle: WriteHandle | None) -> None:
-            nonlocal failed, waiting
-            if handle is not None and handle.error is not None:
-                if not failed:
-                    broker.write_failed(handle.error)
-                failed = True
-            waiting -= 1
-            if waiting:
-                return
-            broker.usage.release(tx.held_bytes)
-            if failed:
-                self._commit_failed(tx, duplicates, registered)
-                if on_failed is not None:
-                    on_failed()
-                return
-            for i, (destination, message) in enumerate(tx.adds):
-                if i in duplicates:
-                    if message.persistent:
-                        broker.store.remove(destination.name, message.seq)
-                    elif message.spooled and broker.temp_store is not None:
-                        broker.temp_store.remove(destination.name, message.seq)
-                    continue
-                destination.publish_committed(message)
-            for sub, _tag, message in tx.acks:
-                sub.destination.settle(sub, message, store_removed=True)
-            on_done()
-
-        temp_store = broker.temp_store
-        if tx.uses_temp_store and temp_store is not None:
-            waiting += 1
-            temp_store.commit(tx.store_id, temp_seqs, written)
-        if seqs or any(m.in_store for _, _, m in tx.acks):
-            broker.store.commit(tx.store_id, seqs, written)
-        else:
-            broker.store.abort(tx.store_id)
-            written(None)
-
-    def _commit_failed(
-        self,
-        tx: Transaction,
-        duplicates: set[int],
-        registered: list[tuple[Destination, str]],
-    ) -> None:
-        """The COMMIT was not written: none of its messages show, its dedup ids do not count
-        (a retry is not a duplicate), and what it acknowledged is delivered again."""
-        log.error("the COMMIT of transaction %s was not written: the store failed", tx.id)
-        for i, (destination, message) in enumerate(tx.adds):
-            if i not in duplicates:
-                destination.withdraw(message)
-        for destination, dedup_id in registered:
-            destination.dedup.discard(dedup_id)
-        self._requeue_acks(tx)
+        tx.commit(on_done, on_failed)
 
     def abort(self, txid: str) -> None:
         """Drop the transaction's sends; its acknowledged messages are redelivered."""
         tx = self._tx(txid)
         del self.txs[txid]
-        self._rollback(tx)
-
-    def _rollback(self, tx: Transaction) -> None:
-        broker = self.broker
-        broker.store.abort(tx.store_id)
-        if tx.uses_temp_store and broker.temp_store is not None:
-            broker.temp_store.abort(tx.store_id)
-        broker.usage.release(tx.held_bytes)
-        self._requeue_acks(tx)
-
-    @staticmethod
-    def _requeue_acks(tx: Transaction) -> None:
-        by_sub: dict[Subscription, list[tuple[int, Message]]] = {}
-        for sub, tag, message in tx.acks:
-            by_sub.setdefault(sub, []).append((tag, message))
-        for sub, deliveries in by_sub.items():
-            sub.destination.requeue(sub, deliveries, redelivered=True)
+        tx.rollback()
 
     # -- end ------------------------------------------------------------------------------------
 
@@ -705,7 +546,7 @@ class BrokerConnection:
         if self.open_streams:
             self.abort_streams("the producer disconnected mid-stream")
         for tx in list(self.txs.values()):
-            self._rollback(tx)
+            tx.rollback()
         self.txs.clear()
         for sub in list(self.subs.values()):
             self._drop_subscription(sub)

@@ -152,22 +152,20 @@ class Topic(Destination):
 
     def accept(self, message: Message, on_stored: Callable[[WriteHandle | None], None]) -> None:
         """Append to the log; a persistent message the topic keeps is visible once written."""
+        message.seq = self.next_seq()
         if not self.subscriptions and not self.keeps_messages:
             # Nobody could ever read it.
-            message.seq = self.next_seq()
             self.base_seq = message.seq + 1
             on_stored(None)
             return
-        if message.expires_ms and message.expired(self.services.now_ms()):
-            # Expired before it arrived: it never enters the log.
-            if message.persistent:
-                self.services.dead_letter(message, "expired", on_stored)
-            else:
-                self.services.count("expired_discarded")
-                on_stored(None)
-            return
-        message.seq = self.next_seq()
         self._append(message)
+        if message.expires_ms and message.expired(self.services.now_ms()):
+            # Expired on arrival: its offset stays a hole (it is never stored nor delivered),
+            # and the producer is answered once its dead letter is safe.
+            message.in_store = False
+            self._expire(message, on_stored)
+            self.wakeup()
+            return
         if not (message.persistent and self.keeps_messages):
             message.in_store = False
             on_stored(None)
@@ -373,19 +371,24 @@ class Topic(Destination):
                 self._expire(message)
         self._expiry_scan_seq = end
 
-    def _expire(self, message: Message) -> None:
+    def _expire(
+        self,
+        message: Message,
+        on_stored: Callable[[WriteHandle | None], None] | None = None,
+    ) -> None:
         """An expired message: to the DLQ once if persistent, else discarded."""
         seq = message.seq
         expired = self._expired
-        if seq in expired:
-            return
-        expired[seq] = None
-        if len(expired) > _MAX_EXPIRED_REMEMBERED:
-            expired.popitem(last=False)
-        if message.persistent:
-            self.services.dead_letter(message, "expired")
-        else:
+        if seq not in expired:
+            expired[seq] = None
+            if len(expired) > _MAX_EXPIRED_REMEMBERED:
+                expired.popitem(last=False)
+            if message.persistent:
+                self.services.dead_letter(message, "expired", on_stored)
+                return
             self.services.count("expired_discarded")
+        if on_stored is not None:
+            on_stored(None)
 
     # -- subscriptions --------------------------------------------------------------------------
 
