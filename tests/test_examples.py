@@ -17,19 +17,29 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "messaging"
 
 EXPECTED = {
     "queues.py": ["got order-1 customer 42", "redelivered order-2 True 2"],
-    "transactions.py": ["committed debit", "committed credit"],
+    "transactions.py": [
+        "committed debit\ncommitted credit\nnothing from the aborted transaction",
+        "after ABORT invoice redelivered True",
+        "after COMMIT the ACK holds",
+    ],
     "dead_letters.py": ["dead letter too late", "because expired", "dead letter poison"],
     "priorities.py": ["order outage fire question routine"],
     "exclusive_and_groups.py": [
-        "got alice-0 alice-1 alice-2",
-        "got bob-0 bob-1 bob-2",
+        "consumer a got alice-0 alice-1 alice-2",
+        "consumer b got bob-0 bob-1 bob-2",
         "exclusive consumer a got one",
         "b took over and got one redelivered True",
+        "one group at a time: a got X-0 X-1 Z-0",
+        "one group at a time: b got Y-0",
     ],
     "dedup.py": ["delivered pay 10 EUR (attempt 0)", "no duplicate"],
-    "durable.py": ["missed while away: ['101.5', '101.7']"],
+    "durable.py": ["missed while away: ['101.5', '101.7']", "after deleting it: []"],
     "offsets.py": ["offsets [1, 2, 3, 4, 5]", "from offset 3 ['event 2', 'event 3', 'event 4']"],
-    "wildcards_and_selectors.py": ["wildcard got ['ACME 12', 'IBM 140']", "selector got IBM 140"],
+    "wildcards_and_selectors.py": [
+        "wildcard got ['ACME 12', 'IBM 140']",
+        "selector got IBM 140",
+        "nothing else matched",
+    ],
 }
 
 

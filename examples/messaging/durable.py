@@ -26,5 +26,13 @@ async def main() -> None:
         print("missed while away:", [(await sub.get(timeout=5)).text for _ in range(2)])
         await sub.unsubscribe(headers=durable)  # with the name: deletes the durable
 
+    async with await Client.connect(BROKER) as producer:
+        await producer.send(topic, "101.9")  # kept for nobody: the subscription is gone
+
+    async with await Client.connect(BROKER, client_id=client_id) as auditor:
+        sub = await auditor.subscribe(topic, headers=durable)  # a new one, from now on
+        message = await sub.get(timeout=0.5)
+        print("after deleting it:", [] if message is None else [message.text])
+
 
 asyncio.run(main())

@@ -65,6 +65,11 @@ class Limits:
     max_connections: int = 20_000
     max_subscriptions_per_connection: int = 1000
     max_transactions_per_connection: int = 100
+    # One transaction until its COMMIT: how many messages (SENDs) it may carry, and the bytes it
+    # holds in memory meanwhile (the stub of each message, its headers and bookkeeping, while the
+    # body waits in the store; the whole message with the memory store).
+    max_transaction_messages: int = 1_000_000
+    max_transaction_held_bytes: int = 256 * MiB
     max_open_streams_per_connection: int = 1000
     max_pending_receipts_per_connection: int = 10_000
     # Whole broker, messages held in memory (queued, paged in, in flight).
@@ -101,6 +106,9 @@ class DestinationPolicy:
 
     max_redeliveries: int = 6
     dlq_prefix: str = "DLQ."
+    # Dead letters of a topic go to the queue `<topic_dlq_prefix><topic name>`, apart from the
+    # queues' (as ActiveMQ's individual dead-letter strategy keeps them).
+    topic_dlq_prefix: str = "DLQ.Topic."
     queue_prefetch: int = DEFAULT_QUEUE_PREFETCH
     topic_prefetch: int = DEFAULT_TOPIC_PREFETCH
     durable_prefetch: int = DEFAULT_DURABLE_PREFETCH

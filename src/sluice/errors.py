@@ -94,3 +94,8 @@ class RequestError(SluiceError):
     """A client's request cannot be honoured (unknown ack id, unknown transaction, bad header).
 
     Its message is written for the client and is safe to send back in an ERROR frame."""
+
+
+class StoreUnavailableError(RequestError):
+    """A persistent message cannot be taken: the message store failed and takes no more writes
+    until the broker restarts. Its message is safe to send to the client."""

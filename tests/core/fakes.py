@@ -11,7 +11,7 @@ from sluice.core.broker import Broker, FlowReason
 from sluice.core.connection import BrokerConnection
 from sluice.core.message import Message
 from sluice.core.subscription import Subscription
-from sluice.store.api import WriteHandle
+from sluice.store.api import MessageStore, WriteHandle
 from sluice.store.memory import MemoryStore
 
 
@@ -94,11 +94,12 @@ class FakeLink:
 class Harness:
     """A broker on the memory store with a fake loop and a fake clock."""
 
-    def __init__(self, **overrides: dict[str, Any]) -> None:
+    def __init__(self, message_store: MessageStore | None = None, **overrides: Any) -> None:
         self.loop = FakeLoop()
         self.now = 1_000_000
         self.config = config_mod.load(env={}, overrides={"store": {"kind": "memory"}, **overrides})
-        self.broker = Broker(self.config, MemoryStore(), self.loop, now_ms=lambda: self.now)
+        self.store = message_store if message_store is not None else MemoryStore()
+        self.broker = Broker(self.config, self.store, self.loop, now_ms=lambda: self.now)
         self.broker.open()
         self.receipts: list[str] = []
 

@@ -1,6 +1,7 @@
 """A stateful property test: random sends, subscribes, acks, nacks and disconnects on one queue,
 checked against a simple model. No message is lost, none is delivered twice unless marked
-redelivered, and order holds within a priority and within a group."""
+redelivered, order holds within a priority and within a group, and a group sticks to one consumer
+while that consumer stays (groups never close here: nothing sends JMSXGroupSeq -1)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ class QueueModel(RuleBasedStateMachine):
         # The last first-time delivery, per (consumer, priority) for messages without a group
         # and per (group, priority) for grouped ones.
         self.last_first: dict[tuple[object, int], int] = {}
+        # group -> number of the consumer that owns it (until that consumer leaves).
+        self.group_owner: dict[str, int] = {}
 
     @rule(priority=st.sampled_from([0, 4, 9]), group=st.sampled_from([None, None, "g1", "g2"]))
     def send(self, priority: int, group: str | None) -> None:
@@ -98,6 +101,7 @@ class QueueModel(RuleBasedStateMachine):
         consumer = data.draw(st.sampled_from(self.consumers))
         consumer.conn.close()
         self.consumers.remove(consumer)
+        self.group_owner = {g: n for g, n in self.group_owner.items() if n != consumer.number}
         self.h.loop.run()
         self.collect()
 
@@ -107,6 +111,10 @@ class QueueModel(RuleBasedStateMachine):
             for _, message, tag, count in consumer.link.delivered[consumer.seen :]:
                 mid = message.message_id
                 assert mid in self.sent, "delivered a message nobody sent"
+                group = self.sent[mid][1]
+                if group is not None:
+                    owner = self.group_owner.setdefault(group, consumer.number)
+                    assert owner == consumer.number, "a group moved while its consumer stayed"
                 assert mid not in self.acked, "delivered a message after it was acknowledged"
                 if count == 1:
                     assert mid not in self.delivered_once, "delivered twice without the mark"

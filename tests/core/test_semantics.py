@@ -110,19 +110,57 @@ def test_bad_x_offset_is_a_clear_error() -> None:
         conn.subscribe("r", "/topic/t", AckMode.AUTO, offset="yesterday")
 
 
-def test_retention_by_bytes_drops_the_oldest() -> None:
-    h = Harness(policy={"retention_bytes": 1})
+MESSAGE_BYTES = 101  # each retained test message: 100 bytes and a digit, no headers
+
+
+def _publish_a_second_apart(h: Harness, topic: str, count: int) -> None:
     producer, _ = h.connect()
-    for i in range(3):
-        h.send(producer, "/topic/r", b"x" * 100 + b"%d" % i)
-    topic = _topic(h, "/topic/r")
-    # The newest message covers the byte retention; older ones may go (the floor is coarse, so
-    # at least the newest stays).
-    assert 1 <= topic.depth <= 3
+    for i in range(count):
+        message = h.send(producer, topic, b"x" * 100 + b"%d" % i)
+        assert message.nbytes == MESSAGE_BYTES
+        h.now += 1000
+
+
+def _kept(h: Harness, topic: str) -> list[bytes]:
+    """The last byte of every message a reader from the earliest offset gets."""
     reader, link = h.connect()
-    reader.subscribe("r", "/topic/r", AckMode.AUTO, offset="earliest")
+    reader.subscribe("r", topic, AckMode.AUTO, offset="earliest")
     h.loop.run()
-    assert link.bodies()[-1].endswith(b"2")
+    reader.close()
+    return [body[-1:] for body in link.bodies()]
+
+
+@pytest.mark.parametrize(
+    ("messages", "extra_bytes", "kept"),
+    [(0, 1, 1), (1, 0, 1), (1, 1, 2), (2, 1, 3), (100, 0, 5)],
+)
+def test_retention_by_bytes_keeps_exactly_the_newest_bytes(
+    messages: int, extra_bytes: int, kept: int
+) -> None:
+    h = Harness(policy={"retention_bytes": messages * MESSAGE_BYTES + extra_bytes})
+    _publish_a_second_apart(h, "/topic/r", 5)
+    topic = _topic(h, "/topic/r")
+    assert topic.depth == kept
+    assert _kept(h, "/topic/r") == [b"%d" % i for i in range(5 - kept, 5)]
+
+
+def test_retention_by_time_applies_on_an_idle_topic() -> None:
+    h = Harness(policy={"retention_s": 10.0})
+    start = h.now
+    producer, _ = h.connect()
+    for i in range(5):  # at 0, 2, 4, 6 and 8 s
+        h.now = start + 2000 * i
+        h.send(producer, "/topic/idle", b"%d" % i)
+    topic = _topic(h, "/topic/idle")
+    assert topic.depth == 5
+    h.now = start + 15_000  # keeps what is at most 10 s old: the messages of 6 and 8 s
+    h.loop.fire_timers()  # the broker's sweep; nothing is published
+    assert topic.depth == 2
+    assert _kept(h, "/topic/idle") == [b"3", b"4"]
+    h.now = start + 60_000
+    h.loop.fire_timers()
+    assert topic.depth == 0
+    assert h.broker.usage.used == 0
 
 
 def test_wildcard_subscription_gets_existing_and_new_topics() -> None:
@@ -313,3 +351,89 @@ def test_idle_group_is_released_to_make_room() -> None:
     h.send(producer, "/queue/g", b"b2", headers={"JMSXGroupID": "B"})
     assert link.bodies() == [b"b1", b"b2"]
     assert h.broker.counters["message_groups_idle_released"] == 1
+
+
+def test_dlq_prefix_is_per_destination() -> None:
+    h = Harness(destination=[{"pattern": "/queue/orders.>", "dlq_prefix": "DEAD."}])
+    producer, _ = h.connect()
+    h.send(producer, "/queue/orders.eu", b"late", expires_ms=h.now + 10)
+    h.send(producer, "/queue/other", b"late", expires_ms=h.now + 10)
+    h.now += 100
+    h.loop.fire_timers()
+    destinations = h.broker.destinations
+    assert destinations["/queue/DEAD.orders.eu"].depth == 1
+    assert "/queue/DLQ.orders.eu" not in destinations
+    assert destinations["/queue/DLQ.other"].depth == 1
+    # What fails in a DLQ is not dead-lettered again, whichever prefix named it.
+    assert destinations["/queue/DEAD.orders.eu"].is_dlq  # type: ignore[attr-defined]
+
+
+def _dlq_messages(h: Harness, name: str) -> list[tuple[bytes, dict[str, str]]]:
+    queue = h.broker.destinations.get(name)
+    if queue is None:
+        return []
+    return [(m.body, m.headers) for m in queue.pending.values()]  # type: ignore[attr-defined]
+
+
+def test_expired_topic_message_goes_to_the_topic_dlq_once() -> None:
+    h = Harness()
+    producer, _ = h.connect()
+    links = []
+    for _ in range(2):
+        conn, link = h.connect()
+        conn.subscribe("s", "/topic/prices", AckMode.AUTO)
+        links.append(link)
+    h.send(producer, "/topic/prices", b"stale", expires_ms=h.now - 1, persistent=True)
+    h.send(producer, "/topic/prices", b"fresh", expires_ms=h.now + 60_000, persistent=True)
+    assert [link.bodies() for link in links] == [[b"fresh"], [b"fresh"]]
+    ((body, headers),) = _dlq_messages(h, "/queue/DLQ.Topic.prices")
+    assert body == b"stale"
+    assert headers["x-original-destination"] == "/topic/prices"
+    assert headers["x-dlq-reason"] == "expired"
+    assert "/queue/DLQ.prices" not in h.broker.destinations  # apart from a queue's DLQ
+    assert len(h.receipts) == 2
+
+
+def test_expired_message_retained_for_a_durable_goes_to_the_dlq_once() -> None:
+    h = Harness()
+    producer, _ = h.connect()
+    for name in ("a", "b"):
+        away, _ = h.connect("client-" + name)
+        away.subscribe("d", "/topic/audit", AckMode.CLIENT_INDIVIDUAL, durable_name=name)
+        away.close()
+    h.send(producer, "/topic/audit", b"short-lived", expires_ms=h.now + 10, persistent=True)
+    h.send(producer, "/topic/audit", b"lasting", persistent=True)
+    h.now += 100
+    h.loop.fire_timers()  # the sweep finds it in the log, with nobody connected
+    assert [body for body, _ in _dlq_messages(h, "/queue/DLQ.Topic.audit")] == [b"short-lived"]
+    for name in ("a", "b"):
+        back, link = h.connect("client-" + name)
+        back.subscribe("d", "/topic/audit", AckMode.AUTO, durable_name=name)
+        h.loop.run()
+        assert link.bodies() == [b"lasting"]
+    h.loop.fire_timers()
+    assert len(_dlq_messages(h, "/queue/DLQ.Topic.audit")) == 1
+    assert h.broker.counters["dead_lettered"] == 1
+
+
+def test_expired_non_persistent_topic_message_is_discarded_and_counted() -> None:
+    h = Harness()
+    producer, _ = h.connect()
+    subscriber, link = h.connect()
+    subscriber.subscribe("s", "/topic/ticks", AckMode.AUTO)
+    h.send(producer, "/topic/ticks", b"stale", expires_ms=h.now - 1)
+    assert link.bodies() == []
+    assert "/queue/DLQ.Topic.ticks" not in h.broker.destinations
+    assert h.broker.counters["expired_discarded"] == 1
+
+
+def test_topic_dlq_after_max_redeliveries_uses_the_topic_prefix() -> None:
+    h = Harness(policy={"max_redeliveries": 0, "topic_dlq_prefix": "DEAD.T."})
+    producer, _ = h.connect()
+    consumer, link = h.connect()
+    consumer.subscribe("s", "/topic/jobs", AckMode.CLIENT_INDIVIDUAL)
+    h.send(producer, "/topic/jobs", b"poison", persistent=True)
+    consumer.nack(link.take()[0][2])
+    h.loop.run()
+    assert [body for body, _ in _dlq_messages(h, "/queue/DEAD.T.jobs")] == [b"poison"]
+    assert h.broker.destinations["/queue/DEAD.T.jobs"].is_dlq  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ import asyncio
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -205,3 +206,176 @@ def test_blocking_client_round_trip(broker: RunningBroker) -> None:
         assert message is not None
         assert message.body == b"blocking"
         client.ack(message)
+
+
+MiB = 1024 * 1024
+
+
+def _journal_broker(tmp_path: Path, limit_bytes: int) -> RunningBroker:
+    return start_broker(
+        store={"kind": "journal", "data_dir": str(tmp_path / "data")},
+        limits={
+            "memory_limit_bytes": limit_bytes,
+            "destination_memory_limit_bytes": limit_bytes,
+        },
+    )
+
+
+def _chunk(i: int) -> bytes:
+    return b"%08d" % i + bytes([i % 251]) * (MiB - 8)
+
+
+@pytest.mark.parametrize(
+    ("kind", "persistent", "count"),
+    [("queue", False, 40), ("topic", False, 12), ("topic", True, 12)],
+)
+def test_a_transaction_larger_than_memory_is_written_not_held(
+    tmp_path: Path, kind: str, persistent: bool, count: int
+) -> None:
+    """With a 4 MiB memory limit, a transaction of 12-40 MiB: its messages go to the store (or
+    the temp store) as they arrive, the broker holds only their stubs, and the COMMIT is read
+    and answered; then every message arrives whole and in order."""
+    running = _journal_broker(tmp_path, 4 * MiB)
+
+    async def main() -> None:
+        dest = f"/{kind}/big-{uuid.uuid4().hex[:8]}"
+        async with (
+            await Client.connect(running.address) as producer,
+            await Client.connect(running.address) as consumer,
+        ):
+            sub = await consumer.subscribe(dest, ack="client-individual", prefetch=2)
+            tx = await producer.begin()
+            for i in range(count):
+                await producer.send(
+                    dest, _chunk(i), persistent=persistent, transaction=tx, receipt=False
+                )
+            await producer.send("/queue/fence", b"", receipt=True)  # every SEND was read
+            held = running.stats()["memory_used_bytes"]
+            assert held < MiB, held
+            await asyncio.wait_for(producer.commit(tx), 15)
+            for i in range(count):
+                message = await _get(sub, 15)
+                assert message.body == _chunk(i)
+                await consumer.ack(message)
+            assert await sub.get(timeout=0.2) is None
+        stats = running.stats()
+        assert stats.get("flow_paused_memory", 0) == 0
+        assert stats["pending_writes"] == 0
+
+    try:
+        run(main)
+    finally:
+        running.stop()
+
+
+def test_an_aborted_non_persistent_transaction_leaves_nothing(tmp_path: Path) -> None:
+    running = _journal_broker(tmp_path, 4 * MiB)
+
+    async def main() -> None:
+        queue = _queue()
+        async with await Client.connect(running.address) as client:
+            sub = await client.subscribe(queue)
+            tx = await client.begin()
+            for i in range(8):
+                await client.send(queue, _chunk(i), transaction=tx, receipt=False)
+            await client.abort(tx)
+            await client.send(queue, b"after", receipt=True)
+            assert (await _get(sub)).body == b"after"
+            assert await sub.get(timeout=0.2) is None
+        assert running.stats()["memory_used_bytes"] == 0
+
+    try:
+        run(main)
+    finally:
+        running.stop()
+
+
+def test_transacted_ack_is_undone_by_abort_and_final_at_commit(broker: RunningBroker) -> None:
+    async def main() -> None:
+        queue = _queue()
+        async with await Client.connect(broker.address) as client:
+            await client.send(queue, b"work", persistent=True)
+            sub = await client.subscribe(queue, ack="client-individual")
+            first = await _get(sub)
+            tx = await client.begin()
+            await client.ack(first, transaction=tx)
+            await client.abort(tx)
+            again = await _get(sub)  # the aborted ACK did not count
+            assert (again.body, again.redelivered) == (b"work", True)
+            async with client.transaction() as tx:
+                await client.ack(again, transaction=tx)
+        async with await Client.connect(broker.address) as client:
+            sub = await client.subscribe(queue, ack="client-individual")
+            assert await sub.get(timeout=0.3) is None  # the committed ACK did
+        assert broker.call(lambda: broker.server.broker.destinations[queue].depth) == 0
+
+    run(main)
+
+
+def test_disconnect_aborts_a_transaction_with_sends_and_acks(broker: RunningBroker) -> None:
+    async def main() -> None:
+        queue, out = _queue(), _queue()
+        async with await Client.connect(broker.address) as client:
+            await client.send(queue, b"taken in the transaction", persistent=True)
+        dying = await Client.connect(broker.address, reconnect=False)
+        sub = await dying.subscribe(queue, ack="client-individual")
+        message = await _get(sub)
+        tx = await dying.begin()
+        await dying.ack(message, transaction=tx)
+        await dying.send(out, b"never committed", transaction=tx)
+        await dying.close()  # DISCONNECT with the transaction open
+        async with await Client.connect(broker.address) as client:
+            back = await client.subscribe(queue, ack="client-individual")
+            returned = await _get(back)
+            assert (returned.body, returned.redelivered) == (b"taken in the transaction", True)
+            await client.ack(returned)
+            nothing = await client.subscribe(out)
+            assert await nothing.get(timeout=0.3) is None
+
+    run(main)
+
+
+def test_jms_headers_pass_through_our_client(broker: RunningBroker) -> None:
+    async def main() -> None:
+        queue = _queue()
+        headers = {
+            "reply-to": "/queue/replies",
+            "correlation-id": "order-42",
+            "type": "invoice",
+            "region": "eu:west",
+        }
+        async with await Client.connect(broker.address) as client:
+            sub = await client.subscribe(queue)
+            await client.send(queue, b"x", headers=headers)
+            message = await _get(sub)
+            for name, value in headers.items():
+                assert message.headers[name] == value
+
+    run(main)
+
+
+def test_x_offset_latest_and_timestamp_through_our_client() -> None:
+    running = start_broker(policy={"retention_s": 3600.0})
+
+    async def main() -> None:
+        topic = f"/topic/replay-{uuid.uuid4().hex[:8]}"
+        async with await Client.connect(running.address) as client:
+            for i in range(3):
+                if i:
+                    await asyncio.sleep(0.002)  # a later millisecond: distinct timestamps
+                await client.send(topic, b"old-%d" % i)
+            probe = await client.subscribe(topic, headers={"x-offset": "earliest"})
+            stamps = [int((await _get(probe)).headers["timestamp"]) for _ in range(3)]
+            assert stamps[0] < stamps[1] < stamps[2]
+            by_time = await client.subscribe(topic, headers={"x-offset": f"timestamp={stamps[1]}"})
+            assert [(await _get(by_time)).body for _ in range(2)] == [b"old-1", b"old-2"]
+            latest = await client.subscribe(topic, headers={"x-offset": "latest"})
+            await client.send(topic, b"new")
+            assert (await _get(latest)).body == b"new"
+            assert (await _get(by_time)).body == b"new"
+            assert await latest.get(timeout=0.2) is None
+
+    try:
+        run(main)
+    finally:
+        running.stop()

@@ -101,7 +101,7 @@ def test_exclusive_consumer(broker: RunningBroker) -> None:
     second.disconnect()
 
 
-def test_message_groups_stick_and_respect_max_open_groups(broker: RunningBroker) -> None:
+def test_message_groups_stick_close_and_respect_max_open_groups(broker: RunningBroker) -> None:
     dest = _name("queue")
     consumers = [_connect(broker.port) for _ in range(2)]
     for i, (conn, col) in enumerate(consumers):
@@ -110,17 +110,28 @@ def test_message_groups_stick_and_respect_max_open_groups(broker: RunningBroker)
     for n in range(3):
         for group in ("A", "B", "C"):
             producer.send(dest, f"{group}{n}", headers={"JMSXGroupID": group})
-    producer.send(dest, "end", headers={"JMSXGroupID": "A", "JMSXGroupSeq": "-1"}, receipt="r")
+    producer.send(dest, "A-end", headers={"JMSXGroupID": "A", "JMSXGroupSeq": "-1"}, receipt="r")
     pcol.receipt("r")
-    got: dict[int, list[Any]] = {0: [], 1: []}
-    for i, (_, col) in enumerate(consumers):
-        got[i] = [col.message() for _ in range(3)]
-    groups = [{f.headers["JMSXGroupID"] for f in got[i]} for i in (0, 1)]
-    # One open group each: each consumer sees exactly one group, in order.
-    assert all(len(g) == 1 for g in groups)
-    assert groups[0] != groups[1]
-    for frames in got.values():
-        assert [f.body[1] for f in frames] == ["0", "1", "2"]
+    # One open group each: A and B are taken, C waits for a consumer with room.
+    first = {i: [col.message() for _ in range(3)] for i, (_, col) in enumerate(consumers)}
+    owner = {frames[0].headers["JMSXGroupID"]: i for i, frames in first.items()}
+    assert sorted(owner) == ["A", "B"]
+    for group, i in owner.items():
+        assert [f.body for f in first[i]] == [f"{group}{n}" for n in range(3)]
+    a_conn, a_col = consumers[owner["A"]]
+    _, b_col = consumers[owner["B"]]
+    a_end = a_col.message()
+    assert a_end.body == "A-end"
+    # C waits: both consumers have their one group.
+    assert a_col.no_message()
+    assert b_col.no_message()
+    # A closes once its last message is acknowledged: its consumer takes C, in order.
+    for frame in first[owner["A"]]:
+        a_conn.ack(frame.headers["ack"])
+    assert a_col.no_message()  # A-end is not acknowledged yet: A is still open
+    a_conn.ack(a_end.headers["ack"])
+    assert [a_col.message().body for _ in range(3)] == ["C0", "C1", "C2"]
+    assert b_col.no_message()
     producer.disconnect()
     for conn, _ in consumers:
         conn.disconnect()
@@ -141,25 +152,42 @@ def test_duplicate_detection(broker: RunningBroker) -> None:
 def test_durable_subscription_across_connections(broker: RunningBroker) -> None:
     topic = _name("topic")
     client_id = "durable-" + uuid.uuid4().hex[:8]
+    durable = {"activemq.subscriptionName": "audit"}
     s_conn, s_col = _connect_with_client_id(broker.port, client_id)
-    _subscribe(
-        s_conn, s_col, topic, "d", "client-individual", **{"activemq.subscriptionName": "audit"}
-    )
+    _subscribe(s_conn, s_col, topic, "d", "client-individual", **durable)
     s_conn.disconnect()
     producer, pcol = _connect(broker.port)
     for i in range(3):
         producer.send(topic, f"m{i}", receipt=f"r{i}")
         pcol.receipt(f"r{i}")
     back, back_col = _connect_with_client_id(broker.port, client_id)
-    _subscribe(back, back_col, topic, "d", "auto", **{"activemq.subscriptionName": "audit"})
+    _subscribe(back, back_col, topic, "d", "auto", **durable)
     assert [back_col.message().body for _ in range(3)] == ["m0", "m1", "m2"]
-    back.unsubscribe("d", headers={"activemq.subscriptionName": "audit"}, receipt="gone")
+    back.unsubscribe("d", headers=durable, receipt="gone")
     back_col.receipt("gone")
+    back.disconnect()
+    # Deleted, not detached: what is published now is kept for nobody, and subscribing again
+    # with the same name starts a new subscription.
     producer.send(topic, "after delete", receipt="r9")
     pcol.receipt("r9")
-    assert back_col.no_message()
-    back.disconnect()
+    assert broker.call(lambda: broker.server.broker.destinations[topic].durables) == {}
+    again, again_col = _connect_with_client_id(broker.port, client_id)
+    _subscribe(again, again_col, topic, "d", "auto", **durable)
+    assert again_col.no_message()
+    producer.send(topic, "new", receipt="r10")
+    pcol.receipt("r10")
+    assert again_col.message().body == "new"
+    again.disconnect()
     producer.disconnect()
+
+
+def test_duplicate_transaction_id_is_an_error_naming_it(broker: RunningBroker) -> None:
+    conn, col = _connect(broker.port)
+    conn.begin("tx-1")
+    conn.begin("tx-1")
+    error = col.errors.get(timeout=10)
+    assert "tx-1" in error.headers["message"]
+    assert "already open" in error.headers["message"]
 
 
 def _connect_with_client_id(port: int, client_id: str) -> tuple[Any, Collector]:

@@ -31,12 +31,13 @@ from sluice.core.queue import Queue
 from sluice.core.topic import Topic
 from sluice.core.usage import Usage
 from sluice.core.wildcard import WildcardIndex, compile_pattern
-from sluice.errors import LimitExceeded
+from sluice.errors import LimitExceeded, StoreError
 from sluice.store.api import MessageStore, Recovery, WriteHandle
 
 log = logging.getLogger(__name__)
 
 ORIGINAL_DESTINATION = "x-original-destination"
+# Expiry, idle streams and time-based topic retention are checked on one broker-wide timer.
 EXPIRY_SWEEP_INTERVAL_S = 5.0
 DISK_CHECK_INTERVAL_S = 1.0
 DLQ_REASON = "x-dlq-reason"
@@ -143,6 +144,9 @@ class Broker:
         self.pending_writes = 0
         self.pending_write_bytes = 0
         self._write_waiters: dict[Hashable, Producer] = {}
+        # A write to the store failed: it takes no more writes until it is reopened, so
+        # persistent messages are refused from then on.
+        self.store_failed = False
         self.recovery: Recovery | None = None
         self._sweep_timer: Cancellable | None = None
         # Connections with live streams open (checked for idle streams by the sweep).
@@ -153,6 +157,12 @@ class Broker:
             for override in config.destinations
             for kind, short in [parse_destination(override.pattern)]
         ]
+        # Queues named with any of these prefixes are dead-letter queues: what fails there is
+        # not dead-lettered again.
+        policies = [config.policy, *(override.policy for override in config.destinations)]
+        self._dlq_prefixes = tuple(
+            {prefix for p in policies for prefix in (p.dlq_prefix, p.topic_dlq_prefix) if prefix}
+        )
         # Wildcard topic subscriptions, by pattern: each attaches to matching topics as they
         # appear.
         self.wildcards: WildcardIndex[TopicAttacher] = WildcardIndex()
@@ -212,12 +222,16 @@ class Broker:
             self.temp_store.close()
 
     def _sweep(self) -> None:
-        """Expired messages go to their DLQ even when nobody consumes the queue; streams whose
-        producer went quiet past `stream_idle_timeout_s` are aborted."""
+        """Expired messages go to their DLQ even when nobody consumes the destination; topics
+        let go of what their time retention no longer keeps even when nothing is published;
+        streams whose producer went quiet past `stream_idle_timeout_s` are aborted."""
         now_ms = self.now_ms()
         for destination in list(self.destinations.values()):
-            if isinstance(destination, Queue) and destination.pending:
-                destination.expire(now_ms)
+            if isinstance(destination, Queue):
+                if destination.pending:
+                    destination.expire(now_ms)
+            elif isinstance(destination, Topic):
+                destination.sweep(now_ms)
         for owner in list(self.streaming):
             owner.abort_streams(
                 "no chunk within stream_idle_timeout_s",
@@ -254,7 +268,7 @@ class Broker:
                 concurrent_store_and_dispatch=(
                     self.config.store.concurrent_store_and_dispatch_queues
                 ),
-                is_dlq=short.startswith(policy.dlq_prefix),
+                is_dlq=short.startswith(self._dlq_prefixes),
                 store_pages=self.store_pages,
             )
         else:
@@ -303,13 +317,26 @@ class Broker:
         )
         self.count("streams_aborted")
         log.info("aborting stream %s on %s: %s", stream_id, destination_name, reason)
-        self.track_write(marker)
-        destination.accept(marker, self.write_done)
+        self.accept(destination, marker)
 
-    def dead_letter(self, message: Message, reason: str) -> None:
-        """Send a copy of the message to its dead-letter queue, with where and why."""
-        _, short = parse_destination(message.destination)
-        dlq_name = "/queue/" + self.config.policy.dlq_prefix + short
+    def dlq_name(self, destination_name: str) -> str:
+        """The dead-letter queue of a destination: `/queue/<dlq_prefix><name>` for a queue,
+        `/queue/<topic_dlq_prefix><name>` for a topic, with the destination's own policy."""
+        kind, short = parse_destination(destination_name)
+        destination = self.destinations.get(destination_name)
+        policy = destination.policy if destination is not None else self._policy_for(kind, short)
+        prefix = policy.dlq_prefix if kind is DestinationKind.QUEUE else policy.topic_dlq_prefix
+        return "/queue/" + prefix + short
+
+    def dead_letter(
+        self,
+        message: Message,
+        reason: str,
+        on_stored: Callable[[WriteHandle | None], None] | None = None,
+    ) -> None:
+        """Send a copy of the message to its dead-letter queue, with where and why
+        (`on_stored` runs once the copy is safe, as for a producer's send)."""
+        dlq_name = self.dlq_name(message.destination)
         headers = dict(message.headers)
         headers.setdefault(ORIGINAL_DESTINATION, message.destination)
         headers[DLQ_REASON] = reason
@@ -330,9 +357,43 @@ class Broker:
         except LimitExceeded:
             log.error("dropped message %s: no room for its DLQ %s", message.message_id, dlq_name)
             self.count("dead_letter_dropped")
+            if on_stored is not None:
+                on_stored(None)
             return
-        self.track_write(copy)
-        dlq.accept(copy, self.write_done)
+        self.accept(dlq, copy, on_stored)
+
+    # -- accepting messages ---------------------------------------------------------------------
+
+    def accept(
+        self,
+        destination: Destination,
+        message: Message,
+        on_stored: Callable[[WriteHandle | None], None] | None = None,
+    ) -> None:
+        """Hand a message to its destination. A persistent one counts as a pending write from
+        here until the destination reports it (written, failed, cancelled, or not stored at all:
+        a topic nobody keeps it for): this is the one place that pairs the count with its
+        release. A failed write withdraws the message from its destination."""
+        if not message.persistent:
+            destination.accept(message, on_stored or _not_waited)
+            return
+        self.track_write(message)
+        nbytes = message.nbytes
+        # The store may keep the handle, and so this callback, after the write: the message is
+        # let go of once it ran, so its body is not held with it.
+        withdrawable: Message | None = message
+
+        def stored(handle: WriteHandle | None) -> None:
+            nonlocal withdrawable
+            error = handle.error if handle is not None else None
+            self._untrack_write(nbytes, error)
+            if error is not None and withdrawable is not None:
+                destination.withdraw(withdrawable)
+            withdrawable = None
+            if on_stored is not None:
+                on_stored(handle)
+
+        destination.accept(message, stored)
 
     # -- store completions and pending-write bounds ---------------------------------------------
 
@@ -369,7 +430,11 @@ class Broker:
 
     def _check_disk(self) -> None:
         """Refresh disk use from the stores; resume producers once below the limits."""
-        self.store_disk_bytes = self.store.stats().disk_bytes
+        stats = self.store.stats()
+        self.store_disk_bytes = stats.disk_bytes
+        if stats.write_errors and not self.store_failed:
+            # A write nobody waited on (a removal, a mark) failed: the store is failed all the same.
+            self.write_failed(StoreError("the message store reported a failed write"))
         self.temp_disk_bytes = self.temp_store.stats().disk_bytes if self.temp_store else 0
         self._written_since_check = self._spooled_since_check = 0
         if (
@@ -406,18 +471,31 @@ class Broker:
         self._disk_waiters[key] = producer
         producer.pause_producer(FlowReason.DISK)
 
-    def write_done(self, handle: WriteHandle | None) -> None:
-        """A tracked write completed (or was not a write at all when `handle` is None)."""
-        if handle is None:
-            return
-        if handle.error is not None:
-            self.count("store_write_errors")
+    def write_done(self, handle: WriteHandle) -> None:
+        """A write counted by `track_write` and handed to a store completed."""
+        self._untrack_write(handle.size, handle.error)
+
+    def _untrack_write(self, nbytes: int, error: BaseException | None) -> None:
+        if error is not None:
+            self.write_failed(error)
         self.pending_writes -= 1
-        self.pending_write_bytes -= handle.size
+        self.pending_write_bytes -= nbytes
         if self._write_waiters and not self.writes_backed_up(resume=True):
             waiters, self._write_waiters = self._write_waiters, {}
             for producer in waiters.values():
                 producer.resume_producer(FlowReason.PENDING_WRITES)
+
+    def write_failed(self, error: BaseException) -> None:
+        """A store write failed: count it; the first one is logged and from then on persistent
+        messages are refused (the store takes no more writes until it is reopened)."""
+        self.count("store_write_errors")
+        if not self.store_failed:
+            self.store_failed = True
+            log.error(
+                "a store write failed (%s): persistent messages are refused until the broker is "
+                "restarted",
+                error,
+            )
 
     def writes_backed_up(self, *, resume: bool = False) -> bool:
         """Are pending writes over their bound (or, when deciding to resume, above half of it)?"""
@@ -447,5 +525,10 @@ class Broker:
         out["temp_disk_bytes"] = self.temp_disk_bytes
         out["memory_used_bytes"] = self.usage.used
         out["pending_writes"] = self.pending_writes
+        out["store_failed"] = int(self.store_failed)
         out["destinations"] = len(self.destinations)
         return out
+
+
+def _not_waited(handle: WriteHandle | None) -> None:
+    """A message nobody waits on (non-persistent, or without a producer)."""

@@ -26,9 +26,10 @@ from sluice.core.message import (
 from sluice.core.selector import Selector, SelectorError, compile_selector
 from sluice.core.subscription import Link, Subscription
 from sluice.core.topic import Topic
+from sluice.core.transaction import Transaction
 from sluice.core.usage import Usage
 from sluice.core.wildcard import WildcardError, compile_pattern, is_wildcard
-from sluice.errors import LimitExceeded, RequestError, StoreFullError
+from sluice.errors import LimitExceeded, RequestError, StoreFullError, StoreUnavailableError
 from sluice.store.api import WriteHandle
 
 log = logging.getLogger(__name__)
@@ -65,19 +66,6 @@ class WildcardSubscription:
         self.link_data = b""
 
 
-class Transaction:
-    """Messages sent and deliveries acknowledged inside BEGIN ... COMMIT."""
-
-    __slots__ = ("acks", "adds", "held_bytes", "id", "store_id")
-
-    def __init__(self, txid: str, store_id: str) -> None:
-        self.id = txid
-        self.store_id = store_id
-        self.adds: list[tuple[Destination, Message]] = []
-        self.acks: list[tuple[Subscription, int, Message]] = []
-        self.held_bytes = 0
-
-
 class BrokerConnection:
     """The core's side of one client connection."""
 
@@ -110,9 +98,15 @@ class BrokerConnection:
         on_stored: Callable[[WriteHandle | None], None],
         txid: str | None = None,
     ) -> None:
-        """Accept a message. `on_stored` runs once it may be receipted. May pause the producer."""
+        """Accept a message. `on_stored` runs once it may be receipted, with the store's handle
+        (whose `error` says the write failed). May pause the producer."""
         destination = self._destination(message.destination)
         broker = self.broker
+        if message.persistent and broker.store_failed:
+            broker.count("sends_refused_store_failed")
+            raise StoreUnavailableError(
+                "persistent messages are refused: the message store failed (see the broker log)"
+            )
         if message.persistent and broker.disk_full(persistent=True):
             limit = broker.limits.store_limit_bytes
             if broker.limits.send_fail_if_no_space:
@@ -133,38 +127,22 @@ class BrokerConnection:
             on_stored(None)
             return None
         if txid is not None:
-            tx = self._tx(txid)
-            if message.persistent:
-                broker.track_write(message)
-                broker.store.add(message, broker.write_done, tx.store_id)
-            if (
-                message.persistent
-                and broker.store_pages
-                and destination.kind is DestinationKind.QUEUE
-            ):
-                # The journal has it: a transaction never holds its messages in memory.
-                tx.adds.append((destination, message.without_body()))
-            else:
-                tx.adds.append((destination, message))
-                tx.held_bytes += message.nbytes
-                broker.usage.add(message.nbytes)
+            held_whole = self._tx(txid).add(destination, message)
             on_stored(None)
-            return self._check_flow(destination, message)
+            if held_whole:
+                # Only the memory store: memory is all there is, and it bounds the producer.
+                return self._check_flow(destination, message)
+            # The body is in a store: memory does not bound the producer (a paused producer
+            # could not send the COMMIT); the pending writes and the transaction limits do.
+            if broker.writes_backed_up():
+                broker.wait_for_writes(self, self.link)
+            return None
         if dedup_id is not None:
             destination.dedup.add(dedup_id)
         stream_id = headers.get(STREAM_ID)
         if stream_id is not None:
             self._track_stream(destination.name, stream_id, closes_group(headers))
-        if message.persistent:
-            broker.track_write(message)
-
-            def stored(handle: WriteHandle | None) -> None:
-                broker.write_done(handle)
-                on_stored(handle)
-
-            destination.accept(message, stored)
-        else:
-            destination.accept(message, on_stored)
+        broker.accept(destination, message, on_stored)
         return self._check_flow(destination, message)
 
     def _track_stream(self, destination: str, stream_id: str, ends: bool) -> None:
@@ -536,66 +514,27 @@ class BrokerConnection:
         if len(self.txs) >= limit:
             self.broker.count("limit_max_transactions_per_connection")
             raise LimitExceeded("max_transactions_per_connection", limit)
-        tx = Transaction(txid, f"{self.id}:{txid}")
+        tx = Transaction(self.broker, txid, f"{self.id}:{txid}")
         self.txs[txid] = tx
         self.broker.store.begin(tx.store_id)
 
-    def commit(self, txid: str, on_done: Callable[[], None]) -> None:
-        """Make the transaction's sends visible and its acks final; `on_done` once written."""
+    def commit(
+        self,
+        txid: str,
+        on_done: Callable[[], None],
+        on_failed: Callable[[], None] | None = None,
+    ) -> None:
+        """Make the transaction's sends visible and its acks final; `on_done` once written, or
+        `on_failed` if the store failed to write it (nothing of it then shows)."""
         tx = self._tx(txid)
         del self.txs[txid]
-        seqs: list[int] = []
-        duplicates: set[int] = set()
-        broker = self.broker
-        for i, (destination, message) in enumerate(tx.adds):
-            dedup_id = message.headers.get(DEDUP_ID)
-            if dedup_id is not None:
-                if dedup_id in destination.dedup:
-                    # Committed by someone else since it was sent: keep only the first.
-                    duplicates.add(i)
-                    broker.count("duplicates_dropped")
-                    if message.persistent:
-                        # The store needs a sequence for every add; this one is removed at once.
-                        message.seq = destination.next_seq()
-                        seqs.append(message.seq)
-                    continue
-                destination.dedup.add(dedup_id)
-            destination.reserve_committed(message)
-            if message.persistent:
-                seqs.append(message.seq)
-
-        def written(handle: WriteHandle | None) -> None:
-            broker.usage.release(tx.held_bytes)
-            for i, (destination, message) in enumerate(tx.adds):
-                if i in duplicates:
-                    if message.persistent:
-                        broker.store.remove(destination.name, message.seq)
-                    continue
-                destination.publish_committed(message)
-            for sub, _tag, message in tx.acks:
-                sub.destination.settle(sub, message, store_removed=True)
-            on_done()
-
-        if seqs or any(m.in_store for _, _, m in tx.acks):
-            broker.store.commit(tx.store_id, seqs, written)
-        else:
-            broker.store.abort(tx.store_id)
-            written(None)
+        tx.commit(on_done, on_failed)
 
     def abort(self, txid: str) -> None:
         """Drop the transaction's sends; its acknowledged messages are redelivered."""
         tx = self._tx(txid)
         del self.txs[txid]
-        self._rollback(tx)
-
-    def _rollback(self, tx: Transaction) -> None:
-        self.broker.store.abort(tx.store_id)
-        self.broker.usage.release(tx.held_bytes)
-        by_sub: dict[Subscription, list[tuple[int, Message]]] = {}
-        for sub, tag, message in tx.acks:
-            by_sub.setdefault(sub, []).append((tag, message))
-        for sub, deliveries in by_sub.items():
-            sub.destination.requeue(sub, deliveries, redelivered=True)
+        tx.rollback()
 
     # -- end ------------------------------------------------------------------------------------
 
@@ -607,7 +546,7 @@ class BrokerConnection:
         if self.open_streams:
             self.abort_streams("the producer disconnected mid-stream")
         for tx in list(self.txs.values()):
-            self._rollback(tx)
+            tx.rollback()
         self.txs.clear()
         for sub in list(self.subs.values()):
             self._drop_subscription(sub)

@@ -33,7 +33,12 @@ class Services(Protocol):
         """Wall-clock time in milliseconds since the epoch."""
         ...
 
-    def dead_letter(self, message: Message, reason: str) -> None:
+    def dead_letter(
+        self,
+        message: Message,
+        reason: str,
+        on_stored: Callable[[WriteHandle | None], None] | None = None,
+    ) -> None:
         """Move a message to its destination's dead-letter queue."""
         ...
 
@@ -50,7 +55,7 @@ class Services(Protocol):
         """Count a write the store has not completed yet (bounded by the pending-write limits)."""
         ...
 
-    def write_done(self, handle: WriteHandle | None) -> None:
+    def write_done(self, handle: WriteHandle) -> None:
         """A tracked write completed."""
         ...
 
@@ -69,6 +74,10 @@ class DedupWindow:
 
     def __len__(self) -> int:
         return len(self._ids)
+
+    def discard(self, dedup_id: str) -> None:
+        """Forget an id (its transaction's COMMIT failed: a retry is not a duplicate)."""
+        self._ids.pop(dedup_id, None)
 
     def add(self, dedup_id: str) -> None:
         """Remember an id, forgetting the oldest beyond the window."""
@@ -136,6 +145,11 @@ class Destination:
 
     def publish_committed(self, message: Message) -> None:
         """The transaction's commit is written: the message becomes visible."""
+        raise NotImplementedError
+
+    def withdraw(self, message: Message) -> None:
+        """The message's write (or its transaction's COMMIT) failed: it must not be delivered
+        from now on. A message already handed to a consumer stays with it."""
         raise NotImplementedError
 
     def settle(

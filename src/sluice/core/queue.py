@@ -175,6 +175,15 @@ class Queue(Destination):
         else:
             self._enqueue(message)
 
+    def withdraw(self, message: Message) -> None:
+        """Its write or its COMMIT failed: take it back if no consumer has it yet."""
+        key = _key(message)
+        if self.pending.get(key) is message:
+            del self.pending[key]
+            self.usage.release(message.nbytes)
+        elif message.paged_out and message.seq in self._unwritten:
+            self._written(message.seq)  # reserved by the COMMIT; the store never made it visible
+
     def _enqueue(self, message: Message) -> None:
         if message.seq > self.loaded_seq:
             self.loaded_seq = message.seq

@@ -13,7 +13,16 @@ What is kept:
   retention lets it go. Cursors behind the in-memory log read from the store, a credit at a time.
 
 Retention keeps a message for at least `retention_s` seconds and keeps at least the newest
-`retention_bytes` bytes; a message goes when neither keeps it.
+`retention_bytes` bytes; a message goes when neither keeps it. The broker's sweep applies time
+retention on a topic where nothing happens.
+
+Transactions: a committed message whose body waits in the store (or, non-persistent, in the temp
+store) takes its place in the log as a body-less stub; a cursor that reaches it reads the bodies
+back, a credit's worth at a time, as it does for a durable cursor behind the log.
+
+Expiry: a message past its `expires` time is never delivered. A persistent one goes to the
+topic's dead-letter queue once (however many subscribers it had), when a cursor reaches it or the
+sweep finds it in the log; a non-persistent one is discarded and counted, as in ActiveMQ.
 
 While a persistent message is being written (concurrent store and dispatch off, the default for
 topics) it is in the log but not visible: `visible_seq` stops short of the first unwritten message,
@@ -22,7 +31,7 @@ so subscribers see messages in sequence order and only once they are safe.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -52,6 +61,11 @@ _BACKLOG_MESSAGES = 256
 _BACKLOG_BYTES = 4 << 20
 # Remove from the store in steps of at least this many sequences.
 _STORE_TRIM_STEP = 256
+# The sweep looks at most this many messages of a topic's log for expiry at a time.
+_EXPIRY_SCAN = 4096
+# Expired messages already dead-lettered (by sequence), so that each goes to the DLQ once: at
+# most this many are remembered per topic, the oldest forgotten first.
+_MAX_EXPIRED_REMEMBERED = 100_000
 
 
 class OffsetError(RequestError):
@@ -83,8 +97,15 @@ class Topic(Destination):
         self._unwritten: deque[int] = deque()
         self.durables: dict[tuple[str, str], Durable] = {}
         self._stored_total = 0
+        # (sequence, timestamp, bytes kept before it): one per MiB or second of the log.
         self._retention_marks: deque[tuple[int, int, int]] = deque()
+        self._newest_ms = 0
         self._store_trimmed = 0
+        # Sequences whose write or COMMIT failed: never delivered (few: the store then fails).
+        self._withdrawn: set[int] = set()
+        self._expired: OrderedDict[int, None] = OrderedDict()
+        self._may_expire = False
+        self._expiry_scan_seq = 0
 
     # -- the log --------------------------------------------------------------------------------
 
@@ -111,15 +132,19 @@ class Topic(Destination):
             self.base_seq = message.seq
         self._log.append(message)
         self.usage.add(message.nbytes)
+        if message.expires_ms:
+            self._may_expire = True
         if self.keeps_messages:
-            self._stored_total += message.nbytes
+            before = self._stored_total
+            self._stored_total = before + message.nbytes
+            self._newest_ms = message.timestamp_ms
             marks = self._retention_marks
             if (
                 not marks
-                or self._stored_total - marks[-1][2] >= _RETENTION_MARK_BYTES
+                or before - marks[-1][2] >= _RETENTION_MARK_BYTES
                 or message.timestamp_ms - marks[-1][1] >= _RETENTION_MARK_MS
             ):
-                marks.append((message.seq, message.timestamp_ms, self._stored_total))
+                marks.append((message.seq, message.timestamp_ms, before))
                 if len(marks) > _MAX_RETENTION_MARKS:
                     # Keep the oldest (it bounds what may go) and every second one after it.
                     thinned = list(marks)
@@ -134,6 +159,13 @@ class Topic(Destination):
             on_stored(None)
             return
         self._append(message)
+        if message.expires_ms and message.expired(self.services.now_ms()):
+            # Expired on arrival: its offset stays a hole (it is never stored nor delivered),
+            # and the producer is answered once its dead letter is safe.
+            message.in_store = False
+            self._expire(message, on_stored)
+            self.wakeup()
+            return
         if not (message.persistent and self.keeps_messages):
             message.in_store = False
             on_stored(None)
@@ -144,10 +176,11 @@ class Topic(Destination):
             self.store.add(message, on_stored)
             self.wakeup()
             return
-        self._unwritten.append(message.seq)
+        seq = message.seq
+        self._unwritten.append(seq)
 
         def stored(handle: WriteHandle) -> None:
-            self._written(message.seq)
+            self._written(seq)
             on_stored(handle)
 
         self.store.add(message, stored)
@@ -171,6 +204,13 @@ class Topic(Destination):
     def publish_committed(self, message: Message) -> None:
         """The commit is written: the message becomes visible."""
         self._written(message.seq)
+
+    def withdraw(self, message: Message) -> None:
+        """Its write or its COMMIT failed: no cursor delivers it from now on."""
+        seq = message.seq
+        self._withdrawn.add(seq)
+        if seq in self._unwritten:
+            self._written(seq)
 
     # -- offsets --------------------------------------------------------------------------------
 
@@ -223,18 +263,28 @@ class Topic(Destination):
             return self.last_seq + 1
         cutoff_ms = self.services.now_ms() - int(policy.retention_s * 1000)
         total = self._stored_total
-        # Drop marks whose successor retention no longer keeps: everything before it may go.
+        # Drop a mark when retention keeps nothing before its successor: neither by time (the
+        # successor, and so everything before it, is older than the cutoff) nor by bytes (the
+        # successor and what follows it make up the retained bytes).
         while len(marks) > 1:
-            _seq, timestamp_ms, upto = marks[1]
-            if (policy.retention_s and timestamp_ms >= cutoff_ms) or (
-                policy.retention_bytes and total - upto < policy.retention_bytes
+            _seq, timestamp_ms, before = marks[1]
+            # The messages of the first mark are no newer than the next mark, and less than a
+            # mark's time apart from their first.
+            newest_ms = min(timestamp_ms, marks[0][1] + _RETENTION_MARK_MS - 1)
+            if (policy.retention_s and newest_ms >= cutoff_ms) or (
+                policy.retention_bytes and total - before < policy.retention_bytes
             ):
-                break
+                return marks[0][0]
             marks.popleft()
+        if not policy.retention_bytes and self._newest_ms < cutoff_ms:
+            # Even the newest message is past the time retention: nothing is kept.
+            marks.clear()
+            return self.last_seq + 1
         return marks[0][0]
 
-    def _trim(self) -> None:
-        """Drop from memory what nobody needs there, and from the store what nobody needs."""
+    def _trim(self, *, sweeping: bool = False) -> None:
+        """Drop from memory what nobody needs there, and from the store what nobody needs (in
+        steps, or all of it when `sweeping`)."""
         last = self.last_seq + 1
         low_active = last
         for sub in self.subscriptions:
@@ -256,6 +306,7 @@ class Topic(Destination):
         end = len(log)
         released = 0
         store_pages = self.store_pages
+        temp_store = self.services.temp_store
         while head < end:
             message = log[head]
             seq = message.seq
@@ -264,21 +315,80 @@ class Topic(Destination):
             if not (message.in_store and store_pages) and seq >= low_unstored:
                 break
             released += message.nbytes
+            if message.spooled and temp_store is not None:
+                temp_store.remove(self.name, seq)  # a committed non-persistent message's body
             head += 1
         if head != self._head:
             self.base_seq = log[head].seq if head < end else last
+            if head == end:
+                self._may_expire = False
             if head >= _COMPACT_AFTER or head == end:
                 del log[:head]
                 head = 0
             self._head = head
             self.usage.release(released)
 
-        store_upto = min(low_active, low_durable, low_retention) - 1
-        if store_upto - self._store_trimmed >= _STORE_TRIM_STEP or (
-            store_upto > self._store_trimmed and store_upto == self.last_seq
+        low = min(low_active, low_durable, low_retention)
+        store_upto = low - 1
+        if store_upto > self._store_trimmed and (
+            sweeping
+            or store_upto - self._store_trimmed >= _STORE_TRIM_STEP
+            or store_upto == self.last_seq
         ):
             self._store_trimmed = store_upto
             self.store.remove_range(self.name, store_upto)
+        if self._withdrawn or self._expired:
+            self._forget_below(min(low, self.base_seq if self.depth else low))
+
+    def _forget_below(self, seq: int) -> None:
+        """No cursor reads a sequence below `seq` again: forget what is remembered of it."""
+        expired = self._expired
+        while expired and next(iter(expired)) < seq:
+            expired.popitem(last=False)
+        if self._withdrawn:
+            self._withdrawn = {s for s in self._withdrawn if s >= seq}
+
+    # -- the sweep and expiry -------------------------------------------------------------------
+
+    def sweep(self, now_ms: int) -> None:
+        """Run by the broker's timer: dead-letter what expired in the log, and let go of what
+        time retention no longer keeps, though nothing happens on the topic."""
+        if self._may_expire and self.depth:
+            self._expire_scan(now_ms)
+        if self.policy.retention_s:
+            self._trim(sweeping=True)
+
+    def _expire_scan(self, now_ms: int) -> None:
+        log = self._log
+        start = max(self._expiry_scan_seq, self.base_seq)
+        if start > self.visible_seq:
+            start = self.base_seq
+        end = min(start + _EXPIRY_SCAN, self.visible_seq + 1)
+        offset = self._head - self.base_seq
+        for seq in range(start, end):
+            message = log[seq + offset]
+            if message.expires_ms and not message.paged_out and message.expired(now_ms):
+                self._expire(message)
+        self._expiry_scan_seq = end
+
+    def _expire(
+        self,
+        message: Message,
+        on_stored: Callable[[WriteHandle | None], None] | None = None,
+    ) -> None:
+        """An expired message: to the DLQ once if persistent, else discarded."""
+        seq = message.seq
+        expired = self._expired
+        if seq not in expired:
+            expired[seq] = None
+            if len(expired) > _MAX_EXPIRED_REMEMBERED:
+                expired.popitem(last=False)
+            if message.persistent:
+                self.services.dead_letter(message, "expired", on_stored)
+                return
+            self.services.count("expired_discarded")
+        if on_stored is not None:
+            on_stored(None)
 
     # -- subscriptions --------------------------------------------------------------------------
 
@@ -332,7 +442,8 @@ class Topic(Destination):
             return
         first = self.store.first_seq(self.name)
         if first:
-            self._retention_marks.appendleft((first, self.services.now_ms(), 0))
+            self._newest_ms = self.services.now_ms()
+            self._retention_marks.appendleft((first, self._newest_ms, 0))
 
     def restore_durable(self, recovered: RecoveredSubscription) -> None:
         """A durable subscription read back from the store. Whatever it had not acknowledged may
@@ -427,11 +538,38 @@ class Topic(Destination):
             # Nothing older is kept: the cursor moves to the oldest message in memory.
             sub.next_seq = before
 
+    def _load_committed(self, sub: Subscription, stub: Message, visible: int) -> None:
+        """A cursor reached a committed message whose body is in the store (or the temp store):
+        read it and the stubs that follow it from the same store into the cursor's backlog."""
+        store = self.services.temp_store if stub.spooled else self.store
+        seq = stub.seq
+        loaded: list[Message] = []
+        if store is not None:
+            log = self._log
+            offset = self._head - self.base_seq
+            for item in store.load(self.name, seq - 1, _BACKLOG_MESSAGES, _BACKLOG_BYTES):
+                expected = seq + len(loaded)
+                if item.seq != expected or expected > visible or expected + offset >= len(log):
+                    break
+                entry = log[expected + offset]
+                if not entry.paged_out or entry.spooled != stub.spooled:
+                    break
+                message = Message.from_stored(item)
+                message.in_store = entry.in_store
+                message.spooled = entry.spooled
+                loaded.append(message)
+        if loaded:
+            sub.backlog.extend(loaded)
+            sub.next_seq = loaded[-1].seq + 1
+        else:
+            sub.next_seq = seq + 1  # not in the store: its COMMIT failed
+
     def dispatch(self) -> None:
         """Advance every ready cursor through the visible log."""
         visible = self.visible_seq
         now_ms = self.services.now_ms()
         log = self._log
+        withdrawn = self._withdrawn
         more = False
         for sub in self.subscriptions:
             budget = DELIVER_LIMIT
@@ -450,9 +588,17 @@ class Topic(Destination):
                         self._load_backlog(sub)
                         continue
                     message = log[seq - self.base_seq + self._head]
+                    if message.paged_out:
+                        self._load_committed(sub, message, visible)
+                        continue
                     sub.next_seq = seq + 1
                     count = 1
+                if withdrawn and message.seq in withdrawn:
+                    continue
                 if message.expires_ms and message.expired(now_ms):
+                    self._expire(message)
+                    if durable is not None and not sub.inflight:
+                        self._advance_cursor(sub, durable)
                     continue
                 if sub.selector is not None and not sub.matches(message):
                     if durable is not None and not sub.inflight:

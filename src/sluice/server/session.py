@@ -23,11 +23,11 @@ from sluice.core.connection import BrokerConnection
 from sluice.core.message import AckMode, Message
 from sluice.core.subscription import Subscription
 from sluice.core.topic import Topic
-from sluice.errors import LimitExceeded, RemoteProtocolError, RequestError
+from sluice.errors import LimitExceeded, RemoteProtocolError, RequestError, StoreUnavailableError
 from sluice.server.flow import FlowControl, ReadPause
 from sluice.server.frames import build_message, encode_common_headers, parse_int_header
 from sluice.server.outbound import Outbound
-from sluice.server.receipts import ReceiptQueue, receipt_frame
+from sluice.server.receipts import PendingReceipt, ReceiptQueue, receipt_frame
 from sluice.stomp.codec import escape_value
 from sluice.stomp.connection import ConnState, Role, StompConnection
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
@@ -52,6 +52,7 @@ class CloseReason(enum.Enum):
     SLOW_CONSUMER = "slow_consumer"
     SHUTDOWN = "shutdown"
     INTERNAL_ERROR = "internal_error"
+    STORE_FAILURE = "store_failure"
 
 
 _FLOW_TO_PAUSE = {
@@ -243,9 +244,12 @@ class StompSession(asyncio.Protocol):
             handler = self._handlers[command]
             handler(self, core, frame, receipt)
         except (RequestError, LimitExceeded) as exc:
-            reason = (
-                CloseReason.LIMIT if isinstance(exc, LimitExceeded) else CloseReason.REQUEST_ERROR
-            )
+            if isinstance(exc, LimitExceeded):
+                reason = CloseReason.LIMIT
+            elif isinstance(exc, StoreUnavailableError):
+                reason = CloseReason.STORE_FAILURE
+            else:
+                reason = CloseReason.REQUEST_ERROR
             self._fail(reason, str(exc), receipt_id=receipt, frame=frame)
 
     # -- CONNECT --------------------------------------------------------------------------------
@@ -294,6 +298,9 @@ class StompSession(asyncio.Protocol):
             entry = self._receipts.add(receipt, done=False)
 
             def stored(handle: WriteHandle | None) -> None:
+                if handle is not None and handle.error is not None:
+                    self._receipt_failed(entry, _NOT_STORED)
+                    return
                 entry.done = True
                 self._flush_receipts()
 
@@ -399,7 +406,10 @@ class StompSession(asyncio.Protocol):
             entry.done = True
             self._flush_receipts()
 
-        core.commit(frame.headers["transaction"], done)
+        def failed() -> None:
+            self._receipt_failed(entry, _NOT_COMMITTED)
+
+        core.commit(frame.headers["transaction"], done, failed)
 
     def _on_abort(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
         core.abort(frame.headers["transaction"])
@@ -435,6 +445,19 @@ class StompSession(asyncio.Protocol):
             self._flush_receipts()
         else:
             self.outbound.write(receipt_frame(receipt_id, extra_headers, self._version))
+
+    def _receipt_failed(self, entry: PendingReceipt, message: str) -> None:
+        """The store failed to write what `entry` waits for: the receipts before it go out, then
+        an ERROR for it (never a RECEIPT), and the connection closes."""
+        if self._closing:
+            return
+        # `entry` is not done, so this takes only the finished receipts queued before it.
+        for done in self._receipts.pop_done():
+            if done.receipt_id is not None:
+                self.outbound.write(
+                    receipt_frame(done.receipt_id, done.extra_headers, self._version)
+                )
+        self._fail(CloseReason.STORE_FAILURE, message, receipt_id=entry.receipt_id)
 
     def _flush_receipts(self) -> None:
         disconnect = False
@@ -584,6 +607,10 @@ class StompSession(asyncio.Protocol):
         self._timer = self._slow_timer = None
         if self.core is not None:
             self.core.close()
+
+
+_NOT_STORED = "the message was not stored: the message store failed (see the broker log)"
+_NOT_COMMITTED = "the transaction was not committed: the message store failed (see the broker log)"
 
 
 def _ignore(handle: WriteHandle | None) -> None:
