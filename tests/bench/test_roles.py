@@ -261,3 +261,24 @@ async def test_warmup_messages_are_verified_but_not_timed() -> None:
     assert consumer.unique == 4
     assert consumer.measured == 2
     assert consumer.latency.total == 2
+
+
+async def test_messages_after_finish_are_left_to_the_broker() -> None:
+    consumer, transport = _consumer("client", 100)
+    link = consumer.link
+    link.data_received(_message(0, "a-0"))
+    consumer.finish()
+    assert [f.headers["id"] for f in transport.frames()] == ["a-0"]
+    # Not acknowledged: the broker delivers it again, so it must not count as received here.
+    link.data_received(_message(1, "a-1"))
+    assert consumer.unique == 1
+    assert consumer.unacknowledged == 1
+    assert consumer.result()["unacknowledged"] == 1
+
+
+async def test_auto_consumers_count_to_the_end() -> None:
+    consumer, _ = _consumer("auto", 1)
+    consumer.finish()
+    consumer.link.data_received(_message(0, "a-0"))
+    assert consumer.unique == 1
+    assert consumer.unacknowledged == 0

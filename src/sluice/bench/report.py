@@ -190,6 +190,8 @@ def summarize_clients(
         "max_receipts": plan.producers[0].max_receipts if plan.producers else None,
         "drain_grace_s": plan.drain_grace_s,
         "queue_checks": outcome.checks,
+        # Arrived after the consumers' last ACK: left to the broker, found by the queue check.
+        "unacknowledged_at_stop": sum(int(c.get("unacknowledged", 0)) for c in outcome.consumers),
         "processes": {"consumers": outcome.processes[0], "producers": outcome.processes[1]},
         "cpu": {
             "measured": cpu_report(

@@ -300,6 +300,8 @@ class Consumer:
         self.acks_sent = 0
         # Producers whose end marker this consumer received.
         self.markers: set[int] = set()
+        # Messages that arrived after `finish`, left to the broker to deliver again.
+        self.unacknowledged = 0
         self._tail = filler(spec.size)
         self._warmup = list(spec.warmup) or [0] * len(spec.per_producer)
         if len(self._warmup) != len(spec.per_producer):
@@ -375,6 +377,22 @@ class Consumer:
         else:
             self.markers.add(producer)
 
+    def finish(self) -> None:
+        """Acknowledge what was received, and count nothing that arrives from now on.
+
+        A message that arrives after the last ACK (and before DISCONNECT takes effect) is not
+        acknowledged, so the broker keeps it for the next consumer; counting it here too would
+        make it a duplicate when the emptiness check drains it. With `ack:auto` there is nothing to
+        acknowledge and the broker forgets what it delivered, so counting goes on.
+        """
+        self.flush_acks()
+        if self.spec.ack != "auto":
+            self.link.on_message = self._after_finish
+
+    def _after_finish(self, frame: Any, now_ns: int) -> None:
+        del frame, now_ns
+        self.unacknowledged += 1
+
     def flush_acks(self) -> None:
         """Acknowledge everything received so far (no-op in auto mode or when nothing is due)."""
         if not self._pending or not self.link.alive:
@@ -418,6 +436,7 @@ class Consumer:
             "last_ns": self.last_ns,
             "acks_sent": self.acks_sent,
             "markers": sorted(self.markers),
+            "unacknowledged": self.unacknowledged,
             "tracker": self.tracker.to_dict(),
             "latency": self.latency.to_dict(),
             "send_latency": self.send_latency.to_dict(),

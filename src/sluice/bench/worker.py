@@ -217,7 +217,7 @@ class _ClientsWorker:
 
     async def _shutdown(self) -> None:
         for consumer in self.consumers:
-            consumer.flush_acks()
+            consumer.finish()
         links: list[StompLink] = [c.link for c in self.consumers] + [p.link for p in self.producers]
         await asyncio.gather(
             *(link.disconnect(_DISCONNECT_TIMEOUT_S) for link in links), return_exceptions=True
