@@ -9,6 +9,7 @@ import threading
 import time
 
 from sluice.bench.procstat import CpuMeter, read_cpu_s, read_rss_kib
+from sluice.bench.report import format_cpu
 
 BURN_S = 0.2
 
@@ -87,3 +88,17 @@ def test_meter_counts_late_processes_from_zero_and_marks_vanished_ones() -> None
     assert processes["self"]["us_per_msg"] is None  # no messages
     assert processes["gone"]["cpu_s"] is None
     assert report["generator"]["cpu_s"] is None  # a sum with a process missing is no sum
+
+
+def test_cpu_lines_name_the_window_and_skip_what_is_unknown() -> None:
+    window = {
+        "wall_s": 2.0,
+        "broker": {"pid": 1, "cpu_s": 1.5, "utilization": 0.75, "us_per_msg": 15.0},
+        "generator": {"cpu_s": None, "utilization": None, "us_per_msg": None, "processes": []},
+    }
+    assert format_cpu("measured", window) == [
+        "broker CPU (measured, 2.00 s): 1.50 s, 75% of one core, 15.0 us per message"
+    ]
+    window["broker"] = {"pid": 1, "cpu_s": 0.5, "utilization": None, "us_per_msg": None}
+    assert format_cpu("held", window) == ["broker CPU (held, 2.00 s): 0.50 s"]
+    assert format_cpu("measured", None) == ["CPU (measured): not measured"]

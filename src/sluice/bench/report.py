@@ -132,28 +132,27 @@ def cpu_report(
     return meter.report(broker_pid, generator, messages) if meter.stopped else None
 
 
+def _cpu_line(who: str, figures: dict[str, Any]) -> str:
+    line = f"{who}: {figures['cpu_s']:.2f} s"
+    if figures.get("utilization") is not None:
+        line += f", {figures['utilization'] * 100:.0f}% of one core"
+    if figures.get("us_per_msg") is not None:
+        line += f", {figures['us_per_msg']:.1f} us per message"
+    return line
+
+
 def format_cpu(label: str, window: dict[str, Any] | None) -> list[str]:
     """Lines on the broker's and the generator's CPU use in one window."""
     if window is None:
         return [f"CPU ({label}): not measured"]
-    wall = window["wall_s"]
     lines = []
     broker = window.get("broker")
     if broker is not None:
-        per = broker["us_per_msg"]
-        lines.append(
-            f"broker CPU ({label}, {wall:.2f} s): {broker['cpu_s']:.2f} s, "
-            f"{broker['utilization'] * 100:.0f}% of one core"
-            + (f", {per:.1f} us per message" if per is not None else "")
-        )
+        lines.append(_cpu_line(f"broker CPU ({label}, {window['wall_s']:.2f} s)", broker))
     generator = window["generator"]
     if generator["cpu_s"] is not None:
-        per = generator["us_per_msg"]
-        lines.append(
-            f"generator CPU ({label}, {len(generator['processes'])} processes): "
-            f"{generator['cpu_s']:.2f} s, {generator['utilization'] * 100:.0f}% of one core"
-            + (f", {per:.1f} us per message" if per is not None else "")
-        )
+        count = len(generator["processes"])
+        lines.append(_cpu_line(f"generator CPU ({label}, {count} processes)", generator))
     return lines
 
 
