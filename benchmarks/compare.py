@@ -12,9 +12,12 @@ ratios of Sluice to the best peer, the targets, the machine and the command.
     .venv/bin/python benchmarks/compare.py --scenarios sync-1,sync-8 --brokers sluice,activemq
     .venv/bin/python benchmarks/compare.py --quick        # smoke test of the harness, ~5 min
 
-The peers are installed with benchmarks/peers/*.sh (root, apt) if missing. Charts need the
-`bench` extra (matplotlib). A scenario that fails for one broker is recorded with its reason;
-Ctrl-C stops every broker and bench process started here and keeps the partial results.
+The peers are installed with benchmarks/peers/*.sh (root, apt) if missing; a system ActiveMQ or
+RabbitMQ service already running makes that peer unavailable unless `--stop-system-services`.
+The comparison refuses to start on a checkout with uncommitted changes unless `--allow-dirty`;
+every attempt records the Sluice commit it ran. Charts need the `bench` extra (matplotlib). A
+scenario that fails for one broker is recorded with its reason; Ctrl-C stops every broker and
+bench process started here and keeps the partial results.
 """
 
 from __future__ import annotations

@@ -65,8 +65,12 @@ class Broker:
     name = ""
     label = ""
 
-    def install(self, log_path: Path) -> str:
-        """Make the broker runnable; return its version."""
+    def install(self, log_path: Path, *, stop_system_service: bool = False) -> str:
+        """Make the broker runnable; return its version.
+
+        A peer whose distribution service already runs is refused (BrokerError) unless
+        `stop_system_service`, which has its install script stop and disable that service.
+        """
         raise NotImplementedError
 
     def start(self, data_dir: Path, cap: TaskCap) -> Running:
@@ -98,7 +102,8 @@ class SluiceBroker(Broker):
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
 
-    def install(self, log_path: Path) -> str:
+    def install(self, log_path: Path, *, stop_system_service: bool = False) -> str:
+        del log_path, stop_system_service
         result = subprocess.run(
             [str(self.python), "-c", "import sluice; print(sluice.__version__)"],
             capture_output=True,
@@ -177,10 +182,11 @@ class PeerBroker(Broker):
         # The readiness probe runs with the project's interpreter.
         return dict(os.environ, PEER_PYTHON=sys.executable)
 
-    def install(self, log_path: Path) -> str:
-        done = run_command(
-            [str(self.script), "install"], timeout_s=_INSTALL_S, output=log_path, env=self._env()
-        )
+    def install(self, log_path: Path, *, stop_system_service: bool = False) -> str:
+        args = [str(self.script), "install"]
+        if stop_system_service:
+            args.append("--stop-system-service")
+        done = run_command(args, timeout_s=_INSTALL_S, output=log_path, env=self._env())
         if done.timed_out or done.returncode != 0:
             raise BrokerError(f"{self.script.name} install failed: {tail(log_path, 5)}")
         lines = [ln for ln in tail(log_path, 40).splitlines() if ln.startswith(self.label)]

@@ -1,5 +1,9 @@
 """The command line of `benchmarks/compare.py`: options, the whole session, the outputs.
 
+A session refuses to start when the Sluice checkout the broker runs from (or the harness's own)
+has uncommitted changes, unless `--allow-dirty`: a result must name the commit that made it, and
+every attempt records that commit (HEAD) as it starts.
+
 A session: install the peers (their scripts are idempotent), measure the machine
 (`benchmarks/machine.py`), run the matrix, measure the machine again, then write the raw JSON,
 the charts and the generated section of the Markdown document. While the matrix runs, the records
@@ -29,7 +33,7 @@ from typing import Any
 from compare.brokers import BROKER_NAMES, Broker, BrokerError, make_brokers
 from compare.charts import draw_charts
 from compare.markdown import relative_charts, render_section, replace_section
-from compare.matrix import MatrixSettings, run_matrix
+from compare.matrix import MatrixSettings, run_matrix, sluice_revision, sluice_source
 from compare.procs import TaskCap, deferred_interrupts, remove_caps, run_command
 from compare.scenarios import SCENARIOS, Scenario, by_name
 from compare.summary import summarize
@@ -46,6 +50,7 @@ DEFAULT_RUNS = 3
 DEFAULT_MAX_BROKER_TASKS = 16_384
 _MACHINE_TIMEOUT_S = 600.0
 EXIT_INTERRUPTED = 130
+EXIT_DIRTY = 2
 
 
 def _csv(value: str) -> list[str]:
@@ -98,6 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="pids cgroup cap on each broker's processes and threads (0: none)",
     )
     parser.add_argument("--no-install", action="store_true", help="skip the peers' install step")
+    parser.add_argument(
+        "--stop-system-services",
+        action="store_true",
+        help="let the peers' install step stop (and disable at boot) a system ActiveMQ or "
+        "RabbitMQ service it finds running; without it, such a service makes that peer "
+        "unavailable",
+    )
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="run although the Sluice checkout has uncommitted changes (the results then "
+        "cannot be reproduced from a commit)",
+    )
     parser.add_argument("--no-machine", action="store_true", help="skip benchmarks/machine.py")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.set_defaults(quick_dir=quick_dir)
@@ -160,7 +178,7 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
 
 
 def _install(
-    brokers: list[Broker], work_dir: Path, skip: bool
+    brokers: list[Broker], work_dir: Path, skip: bool, stop_system_services: bool
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Install every broker; return their versions and why some are unavailable."""
     versions: dict[str, str] = {}
@@ -170,7 +188,9 @@ def _install(
             continue
         log.info("install %s", broker.name)
         try:
-            versions[broker.name] = broker.install(work_dir / f"install-{broker.name}.log")
+            versions[broker.name] = broker.install(
+                work_dir / f"install-{broker.name}.log", stop_system_service=stop_system_services
+            )
         except BrokerError as exc:
             log.error("%s is unavailable: %s", broker.name, exc)
             unavailable[broker.name] = str(exc)
@@ -232,6 +252,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs must be at least 1")
     json_path, doc_path, img_dir = _outputs(args)
     partial_path = json_path.with_name(json_path.name + ".partial")
+    source = sluice_source(Path(sys.executable))
+    trees = {"sluice": sluice_revision(source)}
+    if source.resolve() != REPO.resolve():
+        trees["harness"] = sluice_revision(REPO)
+    dirty = {name: rev for name, rev in trees.items() if rev["changes"]}
+    if dirty and not args.allow_dirty:
+        for name, rev in dirty.items():
+            where = source if name == "sluice" else REPO
+            log.error(
+                "the %s checkout %s has %d uncommitted change(s) against %s: %s",
+                name,
+                where,
+                rev["changes"],
+                rev["commit"][:12],
+                ", ".join(rev.get("changed_files", [])),
+            )
+        log.error(
+            "results must be reproducible from a commit: commit or stash the changes, "
+            "or pass --allow-dirty"
+        )
+        return EXIT_DIRTY
     if args.max_broker_tasks > 0 and not TaskCap.available():
         log.warning("no pids cgroup here: brokers run without a task cap")
     signal.signal(signal.SIGTERM, _interrupt)
@@ -245,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         "tool": "benchmarks/compare.py",
         "command": command,
         "repo": str(REPO),
+        "sluice_source": str(source),
+        "revisions_at_start": trees,
+        "allow_dirty": args.allow_dirty,
         "started": _now(),
         "finished": None,
         "interrupted": False,
@@ -300,7 +344,9 @@ def _session(
     """Install, measure, run the matrix, measure; every broker is stopped however it ends."""
     runs = document["settings"]["runs"]
     try:
-        versions, unavailable = _install(brokers, work_dir, args.no_install)
+        versions, unavailable = _install(
+            brokers, work_dir, args.no_install, args.stop_system_services
+        )
         document["versions"] = versions
         document["records"] += _unavailable_records(runs, scenarios, unavailable)
         available = [b for b in brokers if b.name not in unavailable]
@@ -311,7 +357,7 @@ def _session(
             runs=runs,
             quick=args.quick,
             work_dir=work_dir,
-            repo=REPO,
+            repo=Path(document["sluice_source"]),
             max_broker_tasks=document["settings"]["max_broker_tasks"],
         )
         run_matrix(settings, scenarios, available, record, lambda line: log.info("%s", line))

@@ -93,13 +93,18 @@ def _machine_lines(doc: dict[str, Any]) -> list[str]:
 def _revision_lines(doc: dict[str, Any]) -> list[str]:
     used: dict[str, list[str]] = {}
     for record in doc.get("records", []):
-        if record["broker"] == "sluice" and "sluice_revision" in record:
-            label = revision_label(record["sluice_revision"])
-            used.setdefault(label, []).append(f"run {record['run']} {record['scenario']}")
+        if "sluice_revision" not in record:
+            continue
+        label = revision_label(record["sluice_revision"])
+        attempt = f"run {record['run']} {record['scenario']}"
+        attempts = used.setdefault(label, [])
+        if attempt not in attempts:
+            attempts.append(attempt)
     if not used:
         return []
     lines = [
-        "Sluice code each Sluice attempt ran (others commit to the tree while this runs):",
+        "The Sluice commit (HEAD of the checkout the Sluice broker and `sluice bench`, the load "
+        "generator of every attempt, ran from) as each attempt started:",
         "",
     ]
     for label, attempts in used.items():
@@ -217,14 +222,24 @@ def render_section(
         "started fresh on an empty data directory and stopped afterwards. Every number is the "
         "median over the runs, with the minimum and maximum in brackets. A run counts only if "
         "`sluice bench` verified that every message arrived exactly once (the `held` count of the "
-        "connection scenarios counts failed runs too). The ratio is Sluice's median over the "
-        "median of the best peer for that metric.",
+        "connection scenarios counts failed runs too): after the last expected message each "
+        "producer sends an end marker, the run waits until the markers arrived and goes on "
+        "receiving for a grace period to count late duplicates, and on a queue it then drains "
+        "whatever the broker still holds up to a marker of its own (a late duplicate, or a "
+        "message never delivered). The ratio is Sluice's median over the median of the best peer "
+        "for that metric.",
         "",
         "Brokers: Sluice on its journal store, which syncs every write batch to disk; ActiveMQ "
-        "with KahaDB and journal disk syncs on; RabbitMQ with the STOMP plugin (classic queues). "
-        "Persistent scenarios send `persistent:true`. Memory per connection is the broker's "
-        "resident memory (`sluice`, `java` or `beam.smp` process) once all connections were "
-        "established, minus before the first, divided by the connections. "
+        "with KahaDB and journal disk syncs on, on its NIO STOMP transport (`stomp+nio`, a shared "
+        "thread pool) with its default pooled task runners; RabbitMQ with the STOMP plugin "
+        "(classic queues). Persistent scenarios send `persistent:true`. Memory per connection is "
+        "the broker's resident memory (`sluice`, `java` or `beam.smp` process) once all "
+        "connections were established, minus before the first, divided by the connections. "
+        "CPU figures are user plus system time of that process (all its threads) from "
+        "/proc/PID/stat over the measured window (the connection scenarios: the hold), in "
+        "clock ticks of 10 ms: broker CPU µs/msg is that time per message received, broker CPU "
+        "% its CPU seconds per wall second (100 % is one core of the machine's two), generator "
+        "CPU % the same summed over every `sluice bench` process. "
         + (
             f"Each broker ran in a pids cgroup capped at {settings['max_broker_tasks']:,} tasks "
             "(processes and threads), so that a broker with a thread per connection cannot use "

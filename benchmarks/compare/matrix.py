@@ -26,7 +26,14 @@ from compare.brokers import Broker, BrokerError
 from compare.procs import TaskCap, deferred_interrupts, run_command
 from compare.scenarios import Scenario, metric_value
 
-__all__ = ["MatrixSettings", "bench_command", "run_matrix", "sluice_revision"]
+__all__ = [
+    "MatrixSettings",
+    "bench_command",
+    "revision_label",
+    "run_matrix",
+    "sluice_revision",
+    "sluice_source",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,41 +50,75 @@ class MatrixSettings:
     runs: int
     quick: bool
     work_dir: Path
-    repo: Path
+    repo: Path  # the checkout the Sluice broker runs from (see sluice_source)
     max_broker_tasks: int  # 0: no cap
 
 
+def _git(repo: Path, *args: str) -> str:
+    result = subprocess.run(
+        ["git", "--no-optional-locks", "-C", str(repo), *args],
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    return result.stdout.decode(errors="replace")
+
+
+def sluice_source(python: Path) -> Path:
+    """The checkout (git top level) that `python` imports sluice from, as the broker will."""
+    done = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import pathlib, sluice; print(pathlib.Path(sluice.__file__).resolve().parent)",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    package = Path(done.stdout.strip() or ".")
+    top = _git(package, "rev-parse", "--show-toplevel").strip()
+    return Path(top) if top else package
+
+
 def sluice_revision(repo: Path) -> dict[str, Any]:
-    """The commit of the Sluice tree used now, and whether src/ differs from it."""
+    """The commit (HEAD) of a tree, and what differs from it.
 
-    def git(*args: str) -> str:
-        result = subprocess.run(
-            ["git", "--no-optional-locks", "-C", str(repo), *args],
-            capture_output=True,
-            check=False,
-            timeout=60,
-        )
-        return result.stdout.decode(errors="replace")
-
-    commit = git("rev-parse", "HEAD").strip()
-    changed = git("status", "--porcelain", "--untracked-files=all", "--", "src").splitlines()
-    revision: dict[str, Any] = {"commit": commit, "src_changes": len(changed)}
+    `changes` counts tracked files that differ anywhere plus untracked files under src/;
+    `src_changes` those under src/, which is the code that runs.
+    """
+    commit = _git(repo, "rev-parse", "HEAD").strip()
+    tracked = _git(repo, "status", "--porcelain", "--untracked-files=no").splitlines()
+    untracked = [
+        line
+        for line in _git(
+            repo, "status", "--porcelain", "--untracked-files=all", "--", "src"
+        ).splitlines()
+        if line.startswith("??")
+    ]
+    changed = sorted(set(tracked) | set(untracked))
+    in_src = [line for line in changed if line[3:].startswith("src/")]
+    revision: dict[str, Any] = {
+        "commit": commit,
+        "changes": len(changed),
+        "src_changes": len(in_src),
+    }
     if changed:
-        digest = hashlib.sha256(git("diff", "HEAD", "--", "src").encode())
-        digest.update("\n".join(sorted(changed)).encode())
-        revision["src_diff_sha256"] = digest.hexdigest()[:12]
-        revision["src_changed_files"] = sorted(line[3:] for line in changed)[:20]
+        digest = hashlib.sha256(_git(repo, "diff", "HEAD").encode())
+        digest.update("\n".join(changed).encode())
+        revision["diff_sha256"] = digest.hexdigest()[:12]
+        revision["changed_files"] = [line[3:] for line in changed][:20]
     return revision
 
 
 def revision_label(revision: dict[str, Any]) -> str:
-    """'abc123def456' or 'abc123def456+3 uncommitted changes in src/ (diff 0123abcd)'."""
+    """'abc123def456' or 'abc123def456 + 3 uncommitted change(s) (diff 0123abcd)'."""
     label = str(revision.get("commit", "?"))[:12]
-    if revision.get("src_changes"):
-        label += (
-            f" + {revision['src_changes']} uncommitted change(s) in src/"
-            f" (diff {revision.get('src_diff_sha256', '?')})"
-        )
+    changes = revision.get("changes", revision.get("src_changes"))
+    if changes:
+        digest = revision.get("diff_sha256", revision.get("src_diff_sha256", "?"))
+        label += f" + {changes} uncommitted change(s) (diff {digest})"
     return label
 
 
@@ -86,9 +127,7 @@ def bench_command(
 ) -> list[str]:
     """The `sluice bench` command line of one attempt (without --json)."""
     args = [str(sluice), "bench", *scenario.bench_args(quick=quick)]
-    args += ["--broker", f"127.0.0.1:{port}", *broker.bench_args()]
-    if scenario.broker_pid:
-        args += ["--broker-pid", pid]
+    args += ["--broker", f"127.0.0.1:{port}", *broker.bench_args(), "--broker-pid", pid]
     return args
 
 
@@ -182,8 +221,11 @@ def run_attempt(
         "failure": None,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
-        "sluice_revision": sluice_revision(settings.repo),
     }
+    # The code every side of the attempt runs: the broker, and `sluice bench` itself.
+    revision = sluice_revision(settings.repo)
+    record["sluice_commit"] = revision["commit"]
+    record["sluice_revision"] = revision
     cap_name = f"sluice-compare-{os.getpid()}-{run}-{scenario.name}-{broker.name}"
     cap = TaskCap(cap_name, settings.max_broker_tasks)
     record["task_cap"] = settings.max_broker_tasks if cap.path else None

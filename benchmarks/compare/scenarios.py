@@ -1,9 +1,14 @@
 """The scenarios: their `sluice bench` arguments (full and quick), the numbers read, the targets.
 
-Every scenario is one `sluice bench` run against one freshly started broker. The numbers are read
-from the `results` object of the JSON that `sluice bench --json FILE` writes; a metric names its
-path there. The first metric of a scenario is its primary one: the one its chart shows first and,
-when the scenario has a ratio target, the one the ratio is taken of.
+Every scenario is one `sluice bench` run against one freshly started broker, given the broker's
+pid so that it reads the broker's CPU time from /proc. The numbers are read from the `results`
+object of the JSON that `sluice bench --json FILE` writes; a metric names its path there. The
+first metric of a scenario is its primary one: the one its chart shows first and, when the
+scenario has a ratio target, the one the ratio is taken of. Every scenario ends with the CPU
+metrics of its measured window (for the connection scenarios, the hold): the broker's CPU
+microseconds per message and its utilisation (CPU seconds per wall second, in % of one core), and
+the load generator's utilisation, which says whether the generator rather than the broker was the
+limit.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ class Metric:
     scale: float = 1.0
     # Counted from failed runs too (e.g. how many connections were held before it failed).
     from_failed_runs: bool = False
+    # False for a figure that explains the others (CPU utilisation) rather than ranks brokers:
+    # no best peer, no ratio.
+    compared: bool = True
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,6 @@ class Scenario:
     chart: tuple[str, ...]  # metric keys drawn, each in its own panel
     summary: tuple[str, ...]  # metric keys in the summary table
     target: Target | None = None
-    broker_pid: bool = False  # pass --broker-pid (memory per connection)
 
     def bench_args(self, *, quick: bool) -> tuple[str, ...]:
         """The `sluice bench` arguments, without the broker address."""
@@ -102,6 +109,28 @@ _RSS_PEAK = Metric(
 )
 _CONNECT_S = Metric("connect_s", "connect s", ("connect_s",), False, ",.1f")
 _RTT_P99 = Metric("rtt_p99_ms", "round trip p99 ms", ("latency_ms", "p99"), False, ",.1f")
+_BROKER_CPU_US = Metric(
+    "broker_cpu_us", "broker CPU µs/msg", ("cpu", "measured", "broker", "us_per_msg"), False, ",.1f"
+)
+_BROKER_CPU_PCT = Metric(
+    "broker_cpu_pct",
+    "broker CPU %",
+    ("cpu", "measured", "broker", "utilization"),
+    False,
+    ",.0f",
+    scale=100,
+    compared=False,
+)
+_GENERATOR_CPU_PCT = Metric(
+    "generator_cpu_pct",
+    "generator CPU %",
+    ("cpu", "measured", "generator", "utilization"),
+    False,
+    ",.0f",
+    scale=100,
+    compared=False,
+)
+_CPU = (_BROKER_CPU_US, _BROKER_CPU_PCT, _GENERATOR_CPU_PCT)
 
 _KIB = "1024"
 _MIB = "1048576"
@@ -115,8 +144,8 @@ def _throughput(name: str, clients: int) -> Scenario:
         args=("throughput", *common, "--count", "100000", "--warmup", "5000"),
         quick_args=("throughput", *common, "--count", "5000", "--warmup", "500"),
         timeout_s=300,
-        metrics=(_MSG_S, _MB_S, _E2E_P99),
-        chart=("msg_s",),
+        metrics=(_MSG_S, _MB_S, _E2E_P99, *_CPU),
+        chart=("msg_s", "broker_cpu_us"),
         summary=("msg_s",),
         target=Target(f"≥ 1.5 {_X} best peer", "msg_s", min_ratio=1.5),
     )
@@ -131,7 +160,7 @@ def _sync(name: str, producers: int, count: int, target: Target) -> Scenario:
         args=(*common, "--count", str(count), "--warmup", str(producers * 50)),
         quick_args=(*common, "--count", str(count // 20), "--warmup", str(producers * 5)),
         timeout_s=400,
-        metrics=(_SENDS_S, _RECEIPT_P50, _RECEIPT_P99),
+        metrics=(_SENDS_S, _RECEIPT_P50, _RECEIPT_P99, *_CPU),
         chart=("sends_s", "receipt_p99_ms"),
         summary=("sends_s",),
         target=target,
@@ -151,11 +180,10 @@ def _connections(
         args=("connections", "--connections", str(count), "--duration", "60", *rate),
         quick_args=("connections", "--connections", str(quick_count), "--duration", "5", *rate),
         timeout_s=900,
-        metrics=(_HELD, _PER_CONN, _RSS_PEAK, _CONNECT_S, _RTT_P99),
+        metrics=(_HELD, _PER_CONN, _RSS_PEAK, _CONNECT_S, _RTT_P99, *_CPU),
         chart=("held", "kib_per_conn"),
         summary=summary,
         target=target,
-        broker_pid=True,
     )
 
 
@@ -171,28 +199,32 @@ SCENARIOS: tuple[Scenario, ...] = (
         args=("latency", "--rate", "2000", "--duration", "20", "--size", _KIB, "--warmup", "1000"),
         quick_args=("latency", "--rate", "2000", "--duration", "3", "--size", _KIB),
         timeout_s=200,
-        metrics=(_E2E_P99, _E2E_P50, _E2E_MAX, _MSG_S),
+        metrics=(_E2E_P99, _E2E_P50, _E2E_MAX, _MSG_S, *_CPU),
         chart=("p50_ms", "p99_ms", "max_ms"),
         summary=("p99_ms", "p50_ms", "max_ms"),
         target=Target("p99 ≤ best peer", "p99_ms", max_ratio=1.0),
     ),
+    # A receipt for every message, at most 4 unanswered: each receipt says that one 1 MiB message
+    # is stored, as a publisher would wait for it, while 4 MiB in flight lets a broker write
+    # several messages per sync. Every broker gets exactly these frames.
     Scenario(
         name="large-1mib",
-        title="Persistent 1 MiB messages, 1 producer (receipt every 4), 1 consumer (prefetch 8)",
+        title="Persistent 1 MiB messages, 1 producer (a receipt for every message, at most 4 "
+        "unanswered), 1 consumer (prefetch 8)",
         args=(
             "throughput",
             *("--producers", "1", "--consumers", "1", "--persistent", "--size", _MIB),
             *("--count", "500", "--warmup", "10"),
-            *("--prefetch", "8", "--receipt-every", "4", "--max-receipts", "4"),
+            *("--prefetch", "8", "--receipt-every", "1", "--max-receipts", "4"),
         ),
         quick_args=(
             "throughput",
             *("--producers", "1", "--consumers", "1", "--persistent", "--size", _MIB),
             *("--count", "30", "--warmup", "2"),
-            *("--prefetch", "8", "--receipt-every", "4", "--max-receipts", "4"),
+            *("--prefetch", "8", "--receipt-every", "1", "--max-receipts", "4"),
         ),
         timeout_s=400,
-        metrics=(_MB_S, _E2E_P99),
+        metrics=(_MB_S, _E2E_P99, *_CPU),
         chart=("mb_s",),
         summary=("mb_s",),
         target=Target(f"≥ 1 {_X} best peer", "mb_s", min_ratio=1.0),

@@ -65,6 +65,8 @@ def _ratio(
     metric: Metric, brokers: dict[str, dict[str, Any]]
 ) -> tuple[str | None, float | None, float | None]:
     """(best peer, its median, Sluice / best peer) for one metric."""
+    if not metric.compared:
+        return None, None, None
     peers = [
         (name, value)
         for name, summary in brokers.items()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A private ActiveMQ Classic 5.17 instance (Debian's `activemq` package) for the benchmarks.
 #
-#   activemq.sh install                  install the package if missing, keep its service off
+#   activemq.sh install [--stop-system-service]
+#                                        install the package if missing; refuse if the system
+#                                        service runs (unless told to stop it)
 #   activemq.sh start DATA_DIR PORT      start a broker with STOMP on 127.0.0.1:PORT
 #   activemq.sh stop DATA_DIR            stop the broker started with DATA_DIR
 #   activemq.sh status DATA_DIR          exit 0 if it runs, 3 if not
@@ -39,18 +41,23 @@ amq_version() {
 }
 
 cmd_install() {
+    parse_install_options "$@"
+    local installed_here=''
     if pkg_installed "$PKG"; then
         log "$PKG already installed"
     else
         log "installing $PKG"
         apt_install "$PKG"
+        installed_here=1
     fi
     command -v "${JAVA:-java}" >/dev/null || apt_install default-jre-headless
     # The package ships an init script that starts the instances in
-    # /etc/activemq/instances-enabled (none by default). Keep it stopped and off at boot so only
-    # our private instances run.
+    # /etc/activemq/instances-enabled (none by default). Only our private instances may run.
     local pidfiles=(/var/run/activemq/*.pid)
-    stop_system_service activemq "${pidfiles[@]}"
+    check_system_service activemq "${pidfiles[@]}"
+    if [[ -n "$installed_here" ]]; then
+        disable_system_service activemq
+    fi
     amq_version
 }
 
@@ -84,20 +91,24 @@ write_config() {
       <kahaDB directory="$dir/data/kahadb" journalDiskSyncStrategy="always"/>
     </persistenceAdapter>
 
-    <!-- Explicit limits: without them the broker sizes storeUsage/tempUsage from the free disk
-         space and warns or refuses on small disks. -->
+    <!-- The limits of ActiveMQ's own stock conf/activemq.xml for memory (70 % of the heap before
+         producer flow control); store and temp limits explicit, because without them the broker
+         sizes them from the free disk space and warns or refuses on small disks. The Debian
+         package's config sets none of these. -->
     <systemUsage>
       <systemUsage>
-        <memoryUsage><memoryUsage limit="256 mb"/></memoryUsage>
+        <memoryUsage><memoryUsage percentOfJvmHeap="70"/></memoryUsage>
         <storeUsage><storeUsage limit="8 gb"/></storeUsage>
         <tempUsage><tempUsage limit="2 gb"/></tempUsage>
       </systemUsage>
     </systemUsage>
 
     <transportConnectors>
-      <!-- tcpNoDelay: ActiveMQ leaves Nagle on otherwise, which adds ~40 ms stalls. -->
+      <!-- stomp+nio: the non-blocking STOMP transport, a shared thread pool instead of a thread
+           per connection; ActiveMQ's advice for many connections. tcpNoDelay: ActiveMQ leaves
+           Nagle on otherwise, which adds ~40 ms stalls. -->
       <transportConnector name="stomp"
-          uri="stomp://127.0.0.1:$port?transport.tcpNoDelay=true"/>
+          uri="stomp+nio://127.0.0.1:$port?transport.tcpNoDelay=true"/>
     </transportConnectors>
   </broker>
 </beans>
@@ -146,8 +157,10 @@ cmd_start() {
     cd "$dir"
     # --add-reads/--add-opens: as /usr/bin/activemq passes them on Java > 8.
     # -XX:-UsePerfData: no /tmp/hsperfdata_* file, so nothing is written outside DATA_DIR.
+    # No -Dorg.apache.activemq.UseDedicatedTaskRunner=true (which Debian's /etc/default/activemq
+    # sets): ActiveMQ's default since 5.6 is false, pooled task runners, and its advice for many
+    # connections and queues; true costs a thread per connection.
     setsid "$java" -Xms256m "-Xmx$HEAP" -XX:-UsePerfData \
-        -Dorg.apache.activemq.UseDedicatedTaskRunner=true \
         --add-reads=java.xml=java.logging \
         --add-opens java.base/java.security=ALL-UNNAMED \
         --add-opens java.base/java.net=ALL-UNNAMED \

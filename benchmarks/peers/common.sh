@@ -110,33 +110,66 @@ wait_stomp() {
     "$PEER_PYTHON" "$PROBE" connect --port "$1" --timeout "$2" ${3:+--vhost "$3"}
 }
 
-# Keep a service of the distribution's own package (not one of ours) stopped and off at boot.
-# Usage: stop_system_service NAME PIDFILE... The init script is only asked to stop when one of
-# the pid files names a live process (asking it otherwise can have side effects, e.g. RabbitMQ's
-# status check starts a global epmd); a process that survives that gets TERM, by its pid only.
-stop_system_service() {
-    local name=$1 pidfile pid systemd=
+# The distribution's own service of a peer (not one of ours) must not run beside the benchmarks:
+# it would share the machine's CPUs and disk with the broker being measured.
+# Usage: check_system_service NAME PIDFILE...
+# A live process named by one of the pid files (or, under systemd, an active unit) makes this
+# refuse, saying what runs and how to go on, unless STOP_SYSTEM_SERVICE=1 (`install
+# --stop-system-service`): then the service is asked to stop (init script or systemctl), a process
+# of the pid files that survives gets TERM by its pid only, and the service is disabled at boot.
+# Nothing is signalled that a pid file of the service does not name.
+check_system_service() {
+    local name=$1 pidfile pid systemd='' running=()
     shift
     command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]] && systemd=1
     for pidfile in "$@"; do
         [[ -f "$pidfile" ]] || continue
         pid=$(cat "$pidfile" 2>/dev/null || true)
-        pid_alive "$pid" || continue
-        log "stopping the system $name service (pid $pid from $pidfile)"
-        if [[ -n "$systemd" ]]; then
-            systemctl stop "$name" >/dev/null 2>&1 || true
-        else
-            service "$name" stop >/dev/null 2>&1 || true
-        fi
-        terminate_pid "$pid" 30
+        pid_alive "$pid" && running+=("$pid")
     done
-    # Off at boot (both work without a running systemd).
+    if [[ -n "$systemd" ]] && systemctl is-active --quiet "$name" 2>/dev/null; then
+        running+=("unit")
+    fi
+    ((${#running[@]})) || return 0
+    if [[ "${STOP_SYSTEM_SERVICE:-0}" != 1 ]]; then
+        die "the system $name service is running (${running[*]}; pid files: $*). The benchmarks" \
+            "need the machine to themselves and this script stops only what it started: stop" \
+            "that service yourself, or run '$SCRIPT_NAME install --stop-system-service' to have" \
+            "it stopped and disabled at boot"
+    fi
+    log "stopping the system $name service (--stop-system-service)"
+    if [[ -n "$systemd" ]]; then
+        systemctl stop "$name" >/dev/null 2>&1 || true
+    else
+        service "$name" stop >/dev/null 2>&1 || true
+    fi
+    for pid in "${running[@]}"; do
+        [[ "$pid" == unit ]] || terminate_pid "$pid" 30
+    done
+    disable_system_service "$name"
+}
+
+# Keep the distribution's service NAME off at boot (both work without a running systemd). Only
+# for a package this script installed itself, or with --stop-system-service.
+disable_system_service() {
+    local name=$1
     if command -v systemctl >/dev/null 2>&1; then
         systemctl disable "$name" >/dev/null 2>&1 || true
     fi
     if [[ -x "/etc/init.d/$name" ]]; then
         update-rc.d "$name" disable >/dev/null 2>&1 || true
     fi
+}
+
+# Options of `install`: --stop-system-service (see check_system_service).
+parse_install_options() {
+    local arg
+    for arg in "$@"; do
+        case "$arg" in
+        --stop-system-service) STOP_SYSTEM_SERVICE=1 ;;
+        *) die "install: unknown option '$arg' (known: --stop-system-service)" ;;
+        esac
+    done
 }
 
 # A TCP port on 127.0.0.1 that nothing listens on right now.

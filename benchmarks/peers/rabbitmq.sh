@@ -2,7 +2,9 @@
 # A private RabbitMQ 3.10 node (Debian's `rabbitmq-server` package) with the STOMP plugin, for
 # the benchmarks.
 #
-#   rabbitmq.sh install                  install the package if missing, keep its service off
+#   rabbitmq.sh install [--stop-system-service]
+#                                        install the package if missing; refuse if the system
+#                                        service runs (unless told to stop it)
 #   rabbitmq.sh start DATA_DIR PORT      start a node with STOMP on 127.0.0.1:PORT
 #   rabbitmq.sh stop DATA_DIR            stop the node started with DATA_DIR
 #   rabbitmq.sh status DATA_DIR          exit 0 if it runs, 3 if not
@@ -50,15 +52,21 @@ rmq_version() {
 }
 
 cmd_install() {
+    parse_install_options "$@"
+    local installed_here=''
     if pkg_installed "$PKG"; then
         log "$PKG already installed"
     else
         log "installing $PKG"
         apt_install "$PKG"
+        installed_here=1
     fi
-    # The package enables a system-wide node (rabbit@HOST, running as user rabbitmq). Keep it
-    # stopped and off at boot so only our private nodes run.
-    stop_system_service rabbitmq-server /var/run/rabbitmq/pid
+    # The package enables a system-wide node (rabbit@HOST, running as user rabbitmq). Only our
+    # private nodes may run.
+    check_system_service rabbitmq-server /var/run/rabbitmq/pid
+    if [[ -n "$installed_here" ]]; then
+        disable_system_service rabbitmq-server
+    fi
     rmq_version
 }
 

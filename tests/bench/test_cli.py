@@ -24,7 +24,29 @@ def test_throughput_defaults() -> None:
     assert not args.persistent
     assert args.processes is None
     assert args.ack == "client"
-    assert (args.receipt_every, args.max_receipts) == (100, 8)
+    assert (args.receipt_every, args.max_receipts) == (None, 8)  # None: by message size
+    assert args.drain_grace == 1.0
+    assert args.broker_pid is None
+    plan = _clients_plan(args, "/queue/q.run")
+    assert plan.producers[0].receipt_every == 100
+    assert plan.drain_grace_s == 1.0
+
+
+@pytest.mark.parametrize(
+    ("size", "argv", "window"),
+    [
+        (1024, [], 100),
+        (300 * 1024, [], 3),
+        (1024 * 1024, [], 1),
+        # Given explicitly, the window is used as given whatever the size.
+        (1024 * 1024, ["--receipt-every", "4"], 4),
+        (1024, ["--receipt-every", "7"], 7),
+    ],
+)
+def test_receipt_window(size: int, argv: list[str], window: int) -> None:
+    args = _parse("throughput", "--size", str(size), "--max-receipts", "4", *argv)
+    (producer,) = _clients_plan(args, "/queue/q.run").producers
+    assert (producer.receipt_every, producer.max_receipts) == (window, 4)
 
 
 def test_throughput_options() -> None:
@@ -100,6 +122,7 @@ def test_ack_every_defaults_to_half_the_prefetch() -> None:
 def test_connections_options() -> None:
     args = _parse("connections", "--connections", "10000", "--duration", "60", "--broker-pid", "42")
     assert (args.connections, args.duration, args.broker_pid) == (10000, 60.0, 42)
+    assert (args.marker_timeout, args.drain_grace) == (30.0, 1.0)
     assert args.per_process == 2500
     assert args.rate_per_connection == 0.1
 
@@ -115,6 +138,8 @@ def test_connections_options() -> None:
         ["throughput", "--processes", "many"],
         ["latency", "--rate", "0"],
         ["sync", "-H", "noheader"],
+        ["throughput", "--drain-grace", "-1"],
+        ["sync", "--broker-pid", "0"],
         ["nosuchscenario"],
     ],
 )

@@ -23,8 +23,12 @@ def _run(broker: RunningBroker, tmp_path: Path, *argv: str) -> tuple[int, dict[s
 def test_throughput_one_producer_one_consumer(
     broker: RunningBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The broker runs in this process, on a thread of its own.
     code, document = _run(
-        broker, tmp_path, "throughput", "--count", "2000", "--size", "256", "--warmup", "100"
+        broker,
+        tmp_path,
+        *("throughput", "--count", "2000", "--size", "256", "--warmup", "100"),
+        *("--broker-pid", str(os.getpid()), "--drain-grace", "0.2"),
     )
     results = document["results"]
     assert isinstance(results, dict)
@@ -38,7 +42,26 @@ def test_throughput_one_producer_one_consumer(
     assert results["receipt_latency_ms"]["count"] == 20
     assert document["scenario"] == "throughput"
     assert "passcode" not in document["options"]
-    assert "exactly once" in capsys.readouterr().out
+    verification = results["verification"]
+    assert verification["queue_checked"] is True
+    assert verification["late_duplicates"] == verification["left_queued"] == 0
+    assert results["queue_checks"][0]["drained"] == 0
+    assert results["receipt_every"] == 100
+    for window in ("measured", "run"):
+        cpu = results["cpu"][window]
+        assert cpu["wall_s"] > 0
+        assert cpu["broker"]["pid"] == os.getpid()
+        assert cpu["broker"]["cpu_s"] > 0
+        assert cpu["broker"]["us_per_msg"] > 0
+        assert cpu["generator"]["cpu_s"] > 0
+        names = [p["name"] for p in cpu["generator"]["processes"]]
+        assert names == ["consumers-0", "producers-0", "coordinator"]
+    assert results["cpu"]["measured"]["messages"] == 2000
+    assert results["cpu"]["run"]["messages"] == 2100
+    out = capsys.readouterr().out
+    assert "exactly once" in out
+    assert "and the queue was empty afterwards" in out
+    assert "broker CPU (measured" in out
 
 
 def test_sync_with_persistent_messages(broker: RunningBroker, tmp_path: Path) -> None:
@@ -70,6 +93,11 @@ def test_connections_round_trip(broker: RunningBroker, tmp_path: Path) -> None:
     assert results["established"] == results["held"] == 20
     assert results["received"] == results["sent"] > 0
     assert results["broker_rss_kib"]["before"] > 0
+    assert results["markers_missing"] == 0
+    assert results["duplicates"] == results["reordered"] == 0
+    assert results["cpu"]["measured"]["broker"]["cpu_s"] > 0
+    assert results["cpu"]["measured"]["messages"] == results["received"]
+    assert results["cpu"]["connect"]["generator"]["cpu_s"] > 0
 
 
 def test_unreachable_broker_fails_with_a_reason(

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sluice.bench.payload import decode_body, encode_body
-from sluice.bench.roles import Consumer, ConsumerSpec, Producer, ProducerSpec
+from sluice.bench.payload import MARKER_MAGIC, decode_body, encode_body, encode_marker
+from sluice.bench.roles import Consumer, ConsumerSpec, Producer, ProducerSpec, receipt_window
 from sluice.bench.wire import LinkError, StompLink
 from sluice.stomp import Command, Frame, FrameParser, StompLimits, Version, encode_frame
 
@@ -149,12 +149,51 @@ async def test_timetable_stamps_due_times() -> None:
     assert all(h.sent_ns >= h.intended_ns for h in heads)
 
 
-async def test_large_messages_get_smaller_windows() -> None:
-    link, _ = _link()
-    spec = ProducerSpec(0, "/queue/q", 300 * 1024, count=10, receipt_every=100)
-    assert Producer(spec, link).window == 3
-    small = ProducerSpec(0, "/queue/q", 100, count=10, receipt_every=100)
-    assert Producer(small, link).window == 100
+async def test_the_window_is_used_as_given() -> None:
+    link, transport = _link()
+    spec = ProducerSpec(0, "/queue/q", 1024 * 1024, count=8, receipt_every=4, max_receipts=4)
+    producer = Producer(spec, link)
+    assert producer.window == 4
+    task = asyncio.create_task(producer.run(0, 8, measured=True))
+    await asyncio.sleep(0)
+    receipts = [f.headers.get("receipt") for f in transport.frames()]
+    assert receipts == [None, None, None, "m3", None, None, None, "m7"]
+    for receipt_id in ("m3", "m7"):
+        _receipt(link, receipt_id)
+    await asyncio.wait_for(task, 1)
+
+
+def test_default_window_keeps_near_1_mib() -> None:
+    assert receipt_window(300 * 1024, None) == 3
+    assert receipt_window(100, None) == 100
+    assert receipt_window(1024 * 1024, None) == 1
+    assert receipt_window(4 * 1024 * 1024, None) == 1
+    assert receipt_window(1024 * 1024, 4) == 4
+
+
+async def test_end_marker_carries_a_receipt_and_is_counted_once() -> None:
+    link, transport = _link()
+    producer = Producer(ProducerSpec(2, "/queue/q", 64, count=1), link)
+    task = asyncio.create_task(producer.mark())
+    await asyncio.sleep(0)
+    (frame,) = transport.frames()
+    assert frame.headers["receipt"] == "end"
+    assert frame.body.startswith(MARKER_MAGIC)
+    _receipt(link, "end")
+    await asyncio.wait_for(task, 1)
+    consumer, _ = _consumer("auto", 1)
+    marker = encode_frame(
+        Command.MESSAGE,
+        {"destination": "/queue/q", "message-id": "m", "subscription": "bench-0"},
+        encode_marker(0, 0, time.monotonic_ns(), 64),
+    )
+    consumer.link.data_received(marker)
+    assert consumer.markers == {0}
+    assert consumer.tracker.duplicates == 0
+    consumer.link.data_received(marker)
+    assert consumer.tracker.duplicates == 1
+    assert consumer.tracker.trailing_duplicates == 1
+    assert consumer.result()["markers"] == [0]
 
 
 def _consumer(ack: str, ack_every: int, version: Version = Version.V1_2) -> tuple[Consumer, Any]:
@@ -222,3 +261,24 @@ async def test_warmup_messages_are_verified_but_not_timed() -> None:
     assert consumer.unique == 4
     assert consumer.measured == 2
     assert consumer.latency.total == 2
+
+
+async def test_messages_after_finish_are_left_to_the_broker() -> None:
+    consumer, transport = _consumer("client", 100)
+    link = consumer.link
+    link.data_received(_message(0, "a-0"))
+    consumer.finish()
+    assert [f.headers["id"] for f in transport.frames()] == ["a-0"]
+    # Not acknowledged: the broker delivers it again, so it must not count as received here.
+    link.data_received(_message(1, "a-1"))
+    assert consumer.unique == 1
+    assert consumer.unacknowledged == 1
+    assert consumer.result()["unacknowledged"] == 1
+
+
+async def test_auto_consumers_count_to_the_end() -> None:
+    consumer, _ = _consumer("auto", 1)
+    consumer.finish()
+    consumer.link.data_received(_message(0, "a-0"))
+    assert consumer.unique == 1
+    assert consumer.unacknowledged == 0

@@ -192,3 +192,55 @@ def test_unsent_messages_are_not_counted_missing() -> None:
     assert not result.ok
     assert verify([tracker], per_producer).missing == 8
     assert Verification.from_dict(result.to_dict()) == result
+
+
+def test_reordered_messages_are_counted_apart_from_duplicates() -> None:
+    tracker = SeenTracker([4])
+    for seq in (1, 0, 2, 3):
+        assert tracker.add(0, seq)
+    assert (tracker.unique, tracker.reordered, tracker.duplicates) == (4, 1, 0)
+    result = verify([tracker], [4])
+    assert result.ok  # out of order is counted, not a failure
+    assert result.reordered == 1
+
+
+def test_duplicates_after_the_last_new_message_are_late() -> None:
+    tracker = SeenTracker([3])
+    tracker.add(0, 0)
+    tracker.add(0, 0)  # a duplicate while messages still come: not late
+    tracker.add(0, 1)
+    tracker.add(0, 2)
+    tracker.add(0, 1)  # after the last new one
+    assert (tracker.duplicates, tracker.trailing_duplicates) == (2, 1)
+    copy = SeenTracker.from_dict(tracker.to_dict())
+    assert (copy.trailing_duplicates, copy.reordered) == (1, 0)
+    result = verify([copy], [3])
+    assert (result.duplicates, result.late_duplicates) == (2, 1)
+    assert not result.ok
+
+
+def test_what_the_emptiness_check_drains_is_a_late_duplicate_or_left_queued() -> None:
+    per_producer = [4]
+    consumer = _tracker(per_producer, [(0, 0), (0, 1), (0, 3)])
+    drained = _tracker(per_producer, [(0, 1), (0, 2)])
+    result = verify([consumer], per_producer, leftover=drained)
+    assert (result.duplicates, result.late_duplicates) == (1, 1)  # message 1 again
+    assert result.left_queued == 1  # message 2, never delivered while the consumer waited
+    assert result.missing == 1
+    assert result.received == 3
+    assert not result.ok
+    # A duplicate within what was drained is late too.
+    drained.add(0, 2)
+    again = verify([consumer], per_producer, leftover=drained)
+    assert (again.duplicates, again.late_duplicates) == (2, 2)
+    clean = verify([consumer], per_producer, leftover=SeenTracker(per_producer))
+    assert (clean.duplicates, clean.left_queued, clean.missing) == (0, 0, 1)
+
+
+def test_a_failed_check_fails_the_verdict() -> None:
+    tracker = _tracker([1], [(0, 0)])
+    result = verify([tracker], [1])
+    assert result.ok
+    result.check_failure = "queue check: its marker did not come back"
+    assert not result.ok
+    assert Verification.from_dict(result.to_dict()) == result

@@ -338,6 +338,69 @@ def test_many_frames_across_many_feeds() -> None:
     assert parser.buffered_bytes == 0
 
 
+def test_bodies_are_bytes_of_their_own() -> None:
+    # Bodies are copied out of a view of the parser's buffer; later feeds compact and grow that
+    # buffer, which must neither fail nor change a body already handed out.
+    parser = FrameParser(StompLimits())
+    body = bytes(range(256)) * 300
+    one = encode_frame(Command.SEND, {"destination": "/q"}, body)
+    parser.feed(one + one[:1000])
+    first = parser.next_event()
+    assert isinstance(first, Frame)
+    assert parser.next_event() is None
+    for offset in range(1000, len(one), 4096):
+        parser.feed(one[offset : offset + 4096])
+    second = parser.next_event()
+    parser.feed(one)
+    third = parser.next_event()
+    for event in (first, second, third):
+        assert isinstance(event, Frame)
+        assert type(event.body) is bytes
+        assert event.body == body
+    assert parser.buffered_bytes == 0
+
+
+def test_a_large_body_arriving_in_pieces_is_gathered() -> None:
+    body = bytes(range(256)) * 1024  # 256 KiB
+    one = encode_frame(Command.SEND, {"destination": "/q"}, body)
+    tail = b"SEND\ndestination:/next\n"
+    parser = FrameParser(StompLimits())
+    reused = bytearray(1000)
+    stream = one + tail
+    for offset in range(0, len(stream), len(reused)):
+        piece = stream[offset : offset + len(reused)]
+        # A caller that reuses its read buffer: the parser must have copied what it keeps.
+        reused[: len(piece)] = piece
+        parser.feed(memoryview(reused)[: len(piece)])
+        reused[:] = b"\xff" * len(reused)
+        if offset + len(piece) < len(one):
+            assert parser.next_event() is None
+            assert parser.buffered_bytes == offset + len(piece)
+    event = parser.next_event()
+    assert event == Frame(
+        Command.SEND, {"destination": "/q", "content-length": str(len(body))}, body
+    )
+    assert parser.buffered_bytes == len(tail)
+    assert parser.next_event() is None
+
+
+def test_a_gathered_body_needs_its_nul() -> None:
+    parser = FrameParser(StompLimits(), large_body_bytes=4)
+    parser.feed(b"SEND\nreceipt:r7\ncontent-length:6\n\nab")
+    assert parser.next_event() is None
+    parser.feed(b"cd")
+    parser.feed(b"efX")
+    with pytest.raises(RemoteProtocolError, match="not terminated by NUL") as info:
+        parser.next_event()
+    assert info.value.receipt_id == "r7"
+
+
+def test_content_length_with_many_leading_zeros(parse: Parse) -> None:
+    [event] = parse(b"SEND\ncontent-length:" + b"0" * 30 + b"5\n\nhello\0")
+    assert isinstance(event, Frame)
+    assert event.body == b"hello"
+
+
 # Parsing: limits.
 
 LIMITS = StompLimits(max_frame_bytes=100, max_header_bytes=40, max_headers=3)

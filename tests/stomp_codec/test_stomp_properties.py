@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.errors import LocalProtocolError, RemoteProtocolError
-from sluice.stomp.codec import FrameParser, StompLimits, encode_frame
+from sluice.stomp.codec import LARGE_BODY_BYTES, FrameParser, StompLimits, encode_frame
 from sluice.stomp.connection import Role, StompConnection
 from sluice.stomp.frames import BODY_COMMANDS, Command, Frame, HeartBeat, Version
 
@@ -93,9 +93,11 @@ def test_every_split_gives_the_same_events(stream: tuple[Version, bytes], cuts: 
     whole = drain(FrameParser(StompLimits(), version), [data])
     points = sorted({c % (len(data) + 1) for c in cuts})
     chunks = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
-    parser = FrameParser(StompLimits(), version)
-    assert drain(parser, chunks) == whole
-    assert parser.buffered_bytes == 0
+    # The second parser gathers every body that has not all arrived in pieces.
+    for large_body_bytes in (LARGE_BODY_BYTES, 1):
+        parser = FrameParser(StompLimits(), version, large_body_bytes=large_body_bytes)
+        assert drain(parser, chunks) == whole
+        assert parser.buffered_bytes == 0
     assert any(isinstance(e, Frame) for e in whole)
 
 
@@ -152,9 +154,11 @@ def assert_within_limits(frame: Frame, limits: StompLimits) -> None:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(junk, st.integers(min_value=1, max_value=64), versions)
-def test_random_bytes_only_raise_protocol_errors(data: bytes, chunk: int, version: Version) -> None:
-    parser = FrameParser(SMALL, version)
+@given(junk, st.integers(min_value=1, max_value=64), versions, st.sampled_from([1, 8, 1 << 16]))
+def test_random_bytes_only_raise_protocol_errors(
+    data: bytes, chunk: int, version: Version, large_body_bytes: int
+) -> None:
+    parser = FrameParser(SMALL, version, large_body_bytes=large_body_bytes)
     try:
         for offset in range(0, len(data), chunk):
             piece = data[offset : offset + chunk]

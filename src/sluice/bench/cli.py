@@ -6,7 +6,8 @@
     sluice bench connections --connections N --duration S --rate-per-connection R [--broker-pid PID]
 
 Every scenario takes `--broker HOST:PORT --login --passcode --host-header` (the CONNECT `host`
-header, RabbitMQ's virtual host), `--json FILE`, `--warmup N`, `--timeout S` and `--processes`.
+header, RabbitMQ's virtual host), `--json FILE`, `--warmup N`, `--timeout S`, `--processes`,
+`--drain-grace S` and `--broker-pid PID` (to read the broker's CPU time and memory from /proc).
 Exit codes: 0 when the run completed and every message arrived exactly once, 1 otherwise (with a
 one-line reason on stderr), 2 for a usage error.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 from sluice.bench.payload import HEAD_BYTES
 from sluice.bench.report import format_clients, summarize_clients, write_json
-from sluice.bench.roles import ACK_MODES, ConsumerSpec, ProducerSpec
+from sluice.bench.roles import ACK_MODES, ConsumerSpec, ProducerSpec, receipt_window
 from sluice.bench.runner import ClientsPlan, run_clients
 
 __all__ = ["add_bench_parser", "parse_broker", "run_bench", "split_count"]
@@ -35,6 +36,7 @@ EXIT_USAGE = 2
 DEFAULT_BROKER = "127.0.0.1:61613"
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SIZE_BYTES = 1024
+DEFAULT_DRAIN_GRACE_S = 1.0
 _MAX_PORT = 65535
 
 
@@ -68,6 +70,16 @@ def _positive_float(value: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
     if not number > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return number
+
+
+def _non_negative_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {value!r}")
     return number
 
 
@@ -138,6 +150,22 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="worker processes (default auto: one per client, up to the CPUs, at least 2)",
     )
     g.add_argument("--connect-timeout", type=_positive_float, default=10.0, metavar="S")
+    g.add_argument(
+        "--drain-grace",
+        type=_non_negative_float,
+        default=DEFAULT_DRAIN_GRACE_S,
+        metavar="S",
+        help="after the last expected message and the end markers, go on receiving for S s "
+        "to count late duplicates (default %(default)g)",
+    )
+    g.add_argument(
+        "--broker-pid",
+        type=_positive_int,
+        default=None,
+        metavar="PID",
+        help="the broker's process: its CPU time (and for connections its memory) is read "
+        "from /proc",
+    )
     g.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
 
 
@@ -186,7 +214,12 @@ def _messaging(p: argparse.ArgumentParser, destination: str, *, count: int | Non
 
 def _flow(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--receipt-every", type=_positive_int, default=100, metavar="W", help="receipt window"
+        "--receipt-every",
+        type=_positive_int,
+        default=None,
+        metavar="W",
+        help="messages per receipt (default 100, fewer for large messages so that a window "
+        "stays near 1 MiB)",
     )
     p.add_argument(
         "--max-receipts", type=_positive_int, default=8, metavar="K", help="unanswered windows"
@@ -258,7 +291,8 @@ def _clients_plan(args: argparse.Namespace, destination: str) -> ClientsPlan:
     if scenario == "sync":
         receipt_every, max_receipts = 1, 1
     else:
-        receipt_every, max_receipts = args.receipt_every, args.max_receipts
+        receipt_every = receipt_window(args.size, args.receipt_every)
+        max_receipts = args.max_receipts
     counts = split_count(count, producers)
     warmups = split_count(args.warmup, producers)
     send_headers = dict(args.send_header)
@@ -302,6 +336,8 @@ def _clients_plan(args: argparse.Namespace, destination: str) -> ClientsPlan:
         timeout_s=args.timeout or DEFAULT_TIMEOUT_S,
         idle_timeout_s=args.idle_timeout,
         connect_timeout_s=args.connect_timeout,
+        drain_grace_s=args.drain_grace,
+        broker_pid=args.broker_pid,
         uvloop=not args.no_uvloop,
         log_level=logging.getLogger().getEffectiveLevel(),
     )

@@ -3,41 +3,45 @@
 Connection i subscribes to its own queue `/queue/bench.conn.<run>.<i>` (ack=auto, with a receipt)
 and sends to it at `--rate-per-connection`; the run holds every connection for `--duration`
 seconds and reports how many were established and held, messages round-tripped, and errors.
+When the hold ends, each connection sends an end marker to its queue and the run waits for it to
+come back (up to `--marker-timeout`), then `--drain-grace` more, before counting: a late message
+is counted as delivered, a late duplicate as a duplicate (see `connections_worker`).
 Connections are spread over worker processes (`--per-process`, 2,500 by default) whose open-files
 limit is raised to the hard limit. With `--broker-pid` the broker's resident memory is read from
 /proc before any connection, once all are established, and every second of the hold, to report
-memory per connection.
+memory per connection, and its CPU time while connecting and while holding.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
+import os
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from sluice.bench.payload import HEAD_STRUCT, MAGIC, filler
-from sluice.bench.report import format_latency, latency_summary, merge_histograms, write_json
+from sluice.bench.payload import HEAD_STRUCT
+from sluice.bench.procstat import CpuMeter, read_rss_kib
+from sluice.bench.report import (
+    cpu_report,
+    format_cpu,
+    format_latency,
+    latency_summary,
+    merge_histograms,
+    write_json,
+)
 from sluice.bench.runner import RunAborted, WorkerPool
-from sluice.bench.stats import LatencyHistogram
-from sluice.bench.wire import BrokerAddress, LinkError, StompLink, open_link
-from sluice.bench.worker import Channel, raise_open_files_limit
-from sluice.stomp import Command, Frame, encode_headers
+from sluice.bench.worker import raise_open_files_limit
 
-__all__ = ["ConnectionsWorker", "add_connections_parser", "read_rss_kib", "run_connections"]
+__all__ = ["add_connections_parser", "read_rss_kib", "run_connections"]
 
-_NS_PER_US = 1000
-_NS_PER_S = 1_000_000_000
-_PROGRESS_INTERVAL_S = 1.0
-_DRAIN_GRACE_S = 3.0
-_DISCONNECT_TIMEOUT_S = 5.0
+_DEFAULT_MARKER_TIMEOUT_S = 30.0
 # How long workers may take to disconnect their share after sending their results.
 _DISCONNECT_GRACE_S = 60.0
-_REASON_CHARS = 80
+# Time for results beyond the markers and the grace period.
+_RESULT_SLACK_S = 15.0
 _SETUP_SLACK_S = 300.0
 _KIB = 1024
 
@@ -62,245 +66,14 @@ def add_connections_parser(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="handshakes in flight per worker",
     )
-    p.add_argument("--broker-pid", type=int, default=None, metavar="PID", help="sample its RSS")
-
-
-def read_rss_kib(pid: int) -> int | None:
-    """VmRSS of a process in KiB from /proc/PID/status, or None if it cannot be read."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("VmRSS:"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                return int(parts[1])
-    return None
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    # Drop the per-connection name so equal failures count together.
-    if ": " in text and text.startswith("conn "):
-        text = text.split(": ", 1)[1]
-    return text[:_REASON_CHARS]
-
-
-class _Held:
-    """One held connection and its own queue."""
-
-    __slots__ = (
-        "destination",
-        "duplicates",
-        "head",
-        "index",
-        "last_seq",
-        "latency",
-        "link",
-        "received",
-        "sent",
-        "unexpected",
+    p.add_argument(
+        "--marker-timeout",
+        type=float,
+        default=_DEFAULT_MARKER_TIMEOUT_S,
+        metavar="S",
+        help="how long to wait for every connection's end marker to come back "
+        "(default %(default)g)",
     )
-
-    def __init__(self, index: int, link: StompLink, destination: str, size: int) -> None:
-        self.index = index
-        self.link = link
-        self.destination = destination
-        block = encode_headers(
-            [("destination", destination), ("content-length", str(size))], link.version
-        )
-        self.head = b"SEND\n" + block + b"\n"
-        self.sent = 0
-        self.received = 0
-        self.duplicates = 0
-        self.unexpected = 0
-        self.last_seq = -1
-        self.latency: LatencyHistogram | None = None
-
-
-class ConnectionsWorker:
-    """A share of the connections, in one worker process."""
-
-    def __init__(self, channel: Channel, spec: dict[str, Any]) -> None:
-        broker = spec["broker"]
-        self.channel = channel
-        self.address = BrokerAddress(
-            host=broker["host"],
-            port=int(broker["port"]),
-            login=broker.get("login"),
-            passcode=broker.get("passcode"),
-            host_header=broker.get("host_header", "/"),
-        )
-        self.first = int(spec["first"])
-        self.count = int(spec["count"])
-        self.prefix = str(spec["destination_prefix"])
-        self.size = int(spec["size"])
-        self.rate_per_connection = float(spec["rate_per_connection"])
-        self.concurrency = int(spec["connect_concurrency"])
-        self.timeout_s = float(spec["connect_timeout_s"])
-        self.held: list[_Held] = []
-        self.connect_errors: Counter[str] = Counter()
-        self.lost: Counter[str] = Counter()
-        self.latency = LatencyHistogram()
-        self.unexpected = 0
-        self._tail = filler(self.size) + b"\0"
-        self._body_tail = filler(self.size)
-
-    async def _open_one(self, index: int, gate: asyncio.Semaphore) -> None:
-        async with gate:
-            destination = f"{self.prefix}.{index}"
-            link: StompLink | None = None
-            try:
-                link = await open_link(self.address, f"conn {index}", self.timeout_s)
-                held = _Held(index, link, destination, self.size)
-                link.on_message = lambda frame, now_ns: self._message(held, frame, now_ns)
-                await link.request(
-                    Command.SUBSCRIBE,
-                    {
-                        "id": "0",
-                        "destination": destination,
-                        "ack": "auto",
-                        "activemq.prefetchSize": "10",
-                        "prefetch-count": "10",
-                    },
-                    "sub",
-                    self.timeout_s,
-                )
-            except (LinkError, OSError) as exc:
-                self.connect_errors[_reason(exc)] += 1
-                if link is not None:
-                    link.close()
-                return
-            link.on_close = self._closed
-            self.held.append(held)
-
-    def _closed(self, reason: str | None) -> None:
-        if reason is not None:
-            self.lost[reason.split(": ", 1)[-1][:_REASON_CHARS]] += 1
-
-    def _message(self, held: _Held, frame: Frame, now_ns: int) -> None:
-        body = frame.body
-        if not (
-            len(body) == self.size and body.startswith(MAGIC) and body.endswith(self._body_tail)
-        ):
-            held.unexpected += 1
-            return
-        _, index, seq, sent_ns, _intended = HEAD_STRUCT.unpack_from(body)
-        if index != held.index or seq >= held.sent:
-            held.unexpected += 1
-            return
-        if seq <= held.last_seq:
-            held.duplicates += 1
-            return
-        held.last_seq = seq
-        held.received += 1
-        self.latency.record((now_ns - sent_ns) // _NS_PER_US)
-
-    async def _traffic(self) -> None:
-        """Send round-robin so that each connection sends at its rate, phases spread evenly."""
-        live = [h for h in self.held if h.link.alive]
-        if not live or self.rate_per_connection <= 0:
-            return
-        interval_ns = _NS_PER_S / (self.rate_per_connection * len(live))
-        origin = time.monotonic_ns()
-        k = 0
-        pack = HEAD_STRUCT.pack
-        while True:
-            now = time.monotonic_ns()
-            due = origin + int(k * interval_ns)
-            if due > now:
-                await asyncio.sleep((due - now) / _NS_PER_S)
-                continue
-            held = live[k % len(live)]
-            k += 1
-            if not held.link.alive:
-                continue
-            try:
-                held.link.write(
-                    held.head + pack(MAGIC, held.index, held.sent, now, due) + self._tail
-                )
-            except LinkError:
-                continue
-            held.sent += 1
-
-    async def _progress(self) -> None:
-        while True:
-            await asyncio.sleep(_PROGRESS_INTERVAL_S)
-            self.channel.send(
-                {
-                    "event": "progress",
-                    "open": sum(1 for h in self.held if h.link.alive),
-                    "sent": sum(h.sent for h in self.held),
-                    "received": sum(h.received for h in self.held),
-                }
-            )
-
-    async def run(self) -> None:
-        """Open the connections, hold them with traffic between `start` and `stop`, report."""
-        raise_open_files_limit()
-        gate = asyncio.Semaphore(max(1, self.concurrency))
-        started = time.monotonic()
-        await asyncio.gather(
-            *(self._open_one(i, gate) for i in range(self.first, self.first + self.count))
-        )
-        self.channel.send(
-            {
-                "event": "ready",
-                "established": len(self.held),
-                "failed": sum(self.connect_errors.values()),
-                "connect_s": time.monotonic() - started,
-            }
-        )
-        tasks: list[asyncio.Task[None]] = [asyncio.create_task(self._progress())]
-        while True:
-            command = (await self.channel.receive()).get("cmd")
-            if command == "start" and len(tasks) == 1:
-                tasks.append(asyncio.create_task(self._traffic()))
-            elif command == "stop":
-                break
-        for task in tasks:
-            task.cancel()
-        held_at_stop = sum(1 for h in self.held if h.link.alive)
-        # Let messages already sent come back before counting them missing.
-        end = time.monotonic() + _DRAIN_GRACE_S
-        while time.monotonic() < end and any(
-            h.link.alive and h.received + h.duplicates < h.sent for h in self.held
-        ):
-            await asyncio.sleep(0.05)
-        # The counts are final now; send them before disconnecting, which a broker may take long
-        # over with thousands of connections.
-        self.channel.send(self._result(held_at_stop))
-        closing = time.monotonic()
-        await self._close_all()
-        self.channel.send({"event": "closed", "disconnect_s": time.monotonic() - closing})
-
-    async def _close_all(self) -> None:
-        gate = asyncio.Semaphore(max(1, self.concurrency))
-
-        async def close(held: _Held) -> None:
-            held.link.on_close = None
-            async with gate:
-                await held.link.disconnect(_DISCONNECT_TIMEOUT_S)
-
-        await asyncio.gather(*(close(h) for h in self.held), return_exceptions=True)
-
-    def _result(self, held_at_stop: int) -> dict[str, Any]:
-        alive = self.held
-        return {
-            "event": "result",
-            "established": len(self.held),
-            "failed": sum(self.connect_errors.values()),
-            "connect_errors": dict(self.connect_errors),
-            "held": held_at_stop,
-            "lost": sum(self.lost.values()),
-            "lost_reasons": dict(self.lost),
-            "sent": sum(h.sent for h in alive),
-            "received": sum(h.received for h in alive),
-            "duplicates": sum(h.duplicates for h in alive),
-            "unexpected": sum(h.unexpected for h in alive),
-            "latency": self.latency.to_dict(),
-        }
 
 
 def _merge_counts(items: list[dict[str, int]]) -> dict[str, int]:
@@ -383,6 +156,8 @@ def run_connections(args: argparse.Namespace) -> int:
         "rate_per_connection": args.rate_per_connection,
         "connect_concurrency": args.connect_concurrency,
         "connect_timeout_s": args.connect_timeout,
+        "marker_timeout_s": args.marker_timeout,
+        "drain_grace_s": args.drain_grace,
         "uvloop": not args.no_uvloop,
     }
     shares = [
@@ -392,24 +167,38 @@ def run_connections(args: argparse.Namespace) -> int:
     reason: str | None = None
     rss_established = rss_peak = None
     connect_s = 0.0
+    connect_cpu, hold_cpu = CpuMeter(), CpuMeter()
+
+    def pids() -> list[int]:
+        own = [*pool.pids().values(), os.getpid()]
+        return [pid, *own] if pid is not None else own
+
     try:
         first = 0
         started = time.monotonic()
+        connect_cpu.start(pids())
         for i, share in enumerate(shares):
             pool.start(f"connections-{i}", {**base, "first": first, "count": share})
             first += share
         pool.wait_for("connections", lambda: all("ready" in w.events for w in pool.workers))
+        connect_cpu.stop(pids())
         connect_s = time.monotonic() - started
         if pid is not None:
             rss_established = read_rss_kib(pid)
+        hold_cpu.start(pids())
         pool.broadcast("start")
         rss_peak = _hold(pool, args.duration, pid)
+        hold_cpu.stop(pids())
     except RunAborted as exc:
         reason = str(exc)
     except KeyboardInterrupt:
         reason = "interrupted"
     finally:
-        pool.finish(join_s=_DISCONNECT_GRACE_S)
+        generator = {**pool.pids(), "coordinator": os.getpid()}
+        pool.finish(
+            grace_s=args.marker_timeout + args.drain_grace + _RESULT_SLACK_S,
+            join_s=_DISCONNECT_GRACE_S,
+        )
     results = [w.result for w in pool.workers if w.result is not None]
     summary: dict[str, Any] = {
         "scenario": "connections",
@@ -425,13 +214,22 @@ def run_connections(args: argparse.Namespace) -> int:
         "sent": sum(int(r.get("sent", 0)) for r in results),
         "received": sum(int(r.get("received", 0)) for r in results),
         "duplicates": sum(int(r.get("duplicates", 0)) for r in results),
+        "late_duplicates": sum(int(r.get("late_duplicates", 0)) for r in results),
+        "reordered": sum(int(r.get("reordered", 0)) for r in results),
         "unexpected": sum(int(r.get("unexpected", 0)) for r in results),
+        "markers_missing": sum(int(r.get("markers_missing", 0)) for r in results),
+        "marker_timeout_s": args.marker_timeout,
+        "drain_grace_s": args.drain_grace,
         "latency_ms": latency_summary(merge_histograms(r["latency"] for r in results)),
         "disconnect_s": _disconnect_s(pool),
         "errors": pool.errors(),
         "reason": reason,
     }
     summary["missing"] = summary["sent"] - summary["received"]
+    summary["cpu"] = {
+        "connect": cpu_report(connect_cpu, pid, generator, 0),
+        "measured": cpu_report(hold_cpu, pid, generator, summary["received"]),
+    }
     if pid is not None:
         summary["broker_rss_kib"] = {
             "before": rss_before,
@@ -449,8 +247,13 @@ def run_connections(args: argparse.Namespace) -> int:
         failures.append(f"{summary['established'] - summary['held']} connections lost while held")
     if summary["missing"] or summary["duplicates"] or summary["unexpected"]:
         failures.append(
-            f"{summary['missing']} messages missing, {summary['duplicates']} duplicated, "
-            f"{summary['unexpected']} unexpected"
+            f"{summary['missing']} messages missing, {summary['duplicates']} duplicated "
+            f"({summary['late_duplicates']} late), {summary['unexpected']} unexpected"
+        )
+    if summary["markers_missing"]:
+        failures.append(
+            f"{summary['markers_missing']} end markers did not come back within "
+            f"{args.marker_timeout:g} s"
         )
     summary["ok"] = not failures
     summary["failure"] = "; ".join(failures) if failures else None
@@ -473,7 +276,10 @@ def format_connections(summary: dict[str, Any]) -> list[str]:
         f"{summary['connect_s']:.1f} s ({summary['failed']} failed); "
         f"held {summary['held']}, lost {summary['lost']}",
         f"round-tripped {summary['received']} of {summary['sent']} messages "
-        f"({summary['duplicates']} duplicates, {summary['unexpected']} unexpected)",
+        f"({summary['duplicates']} duplicates, {summary['late_duplicates']} of them late; "
+        f"{summary['reordered']} out of order; {summary['unexpected']} unexpected); "
+        f"{summary['markers_missing']} end markers missing after "
+        f"{summary['marker_timeout_s']:g} s, then {summary['drain_grace_s']:g} s drained",
         format_latency("round-trip latency", summary["latency_ms"]),
         (
             f"disconnected all in {summary['disconnect_s']:.1f} s"
@@ -498,6 +304,8 @@ def format_connections(summary: dict[str, Any]) -> list[str]:
                 else ""
             )
         )
+    lines += format_cpu("connecting", summary["cpu"]["connect"])
+    lines += format_cpu("held", summary["cpu"]["measured"])
     for error in summary["errors"][:5]:
         lines.append(f"error: {error}")
     return lines

@@ -3,7 +3,7 @@
 A body is a fixed 32-byte head followed by filler up to the requested size:
 
     offset  size  field
-    0       4     magic `sb1` and a flags byte (reserved, 0)
+    0       4     magic `sb1` and a flags byte: 0 for a message, 1 for an end marker
     4       4     producer id, unsigned, big-endian
     8       8     sequence number within the producer
     16      8     time the message was sent, `time.monotonic_ns()`
@@ -13,6 +13,11 @@ A body is a fixed 32-byte head followed by filler up to the requested size:
 `time.monotonic_ns()` reads CLOCK_MONOTONIC, which on Linux is one clock for every process on the
 machine, so a consumer in another process can subtract a producer's timestamp. The filler is fixed,
 so a consumer can check the whole body, not only its head.
+
+An end marker (flags 1) has the same layout and size. A producer sends one after its last
+message: on a FIFO queue (and on a topic, per producer) a consumer that receives it has been
+given everything the broker held ahead of it. Its sequence field carries a token that tells one
+marker from another (0 for a producer's end marker).
 """
 
 from __future__ import annotations
@@ -21,18 +26,24 @@ import struct
 from dataclasses import dataclass
 
 __all__ = [
+    "CHECK_PRODUCER",
     "HEAD_BYTES",
     "HEAD_STRUCT",
     "MAGIC",
+    "MARKER_MAGIC",
     "BodyError",
     "BodyHead",
     "decode_body",
     "encode_body",
     "encode_head",
+    "encode_marker",
     "filler",
 ]
 
 MAGIC = b"sb1\x00"
+MARKER_MAGIC = b"sb1\x01"
+# The producer id of the marker the emptiness check sends, beyond any real producer.
+CHECK_PRODUCER = 0xFFFFFFFF
 _HEAD = struct.Struct(">4sIQQQ")
 # The head's layout, for callers that pack and unpack it on their hot path.
 HEAD_STRUCT = _HEAD
@@ -75,6 +86,11 @@ def encode_body(
 ) -> bytes:
     """A whole body of `size` bytes."""
     return encode_head(producer, seq, sent_ns, intended_ns) + filler(size)
+
+
+def encode_marker(producer: int, token: int, sent_ns: int, size: int) -> bytes:
+    """An end marker of `size` bytes (at least `HEAD_BYTES`)."""
+    return _HEAD.pack(MARKER_MAGIC, producer, token, sent_ns, sent_ns) + filler(size)
 
 
 def decode_body(body: bytes, size: int, expected_filler: bytes | None = None) -> BodyHead:

@@ -2,7 +2,10 @@
 
 Throughput is measured messages received divided by the time from the first measured send to the
 last measured receive, across all processes (`time.monotonic_ns` is one clock machine-wide).
-Latencies are in milliseconds.
+Latencies are in milliseconds. CPU figures (`cpu`) are per window: `measured` (the measured
+messages) and `run` (everything from the first worker to `stop`), each with its wall time, the
+broker's CPU seconds, utilisation and microseconds per message (given `--broker-pid`), and the
+same for the load generator's processes, each by name and summed.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from sluice import __version__
+from sluice.bench.procstat import CpuMeter
 from sluice.bench.runner import ClientsOutcome, ClientsPlan
 from sluice.bench.stats import LatencyHistogram, SeenTracker, Verification, verify
 
 __all__ = [
+    "cpu_report",
     "format_clients",
+    "format_cpu",
     "format_latency",
     "latency_summary",
     "merge_histograms",
@@ -64,6 +70,23 @@ def format_latency(label: str, summary: dict[str, Any]) -> str:
     )
 
 
+def _merge_trackers(trackers: list[SeenTracker], per_producer: list[int]) -> SeenTracker:
+    """One tracker of what several checks drained (a message found twice is a duplicate)."""
+    if len(trackers) == 1:
+        return trackers[0]
+    merged = SeenTracker(per_producer)
+    for tracker in trackers:
+        for producer, marks in enumerate(tracker.seen):
+            mine = merged.seen[producer]
+            both = int.from_bytes(mine, "little") & int.from_bytes(marks, "little")
+            merged.duplicates += both.bit_count()
+            merged.seen[producer] = bytearray(a | b for a, b in zip(mine, marks, strict=True))
+        merged.duplicates += tracker.duplicates
+        merged.unexpected += tracker.unexpected
+        merged.corrupt += tracker.corrupt
+    return merged
+
+
 def _verification(plan: ClientsPlan, outcome: ClientsOutcome) -> Verification:
     per_producer = [0] * len(plan.producers)
     for spec in plan.producers:
@@ -77,7 +100,60 @@ def _verification(plan: ClientsPlan, outcome: ClientsOutcome) -> Verification:
     sent = list(per_producer)
     for producer in outcome.producers:
         sent[int(producer["producer_id"])] = int(producer["sent"])
-    return verify(trackers, per_producer, every_consumer=plan.every_consumer, sent=sent)
+    leftover = None
+    check_failure = None
+    if outcome.checks is not None:
+        drained = [SeenTracker.from_dict(c["tracker"]) for c in outcome.checks if "tracker" in c]
+        leftover = _merge_trackers(drained, per_producer) if drained else None
+        check_failure = next((c["failure"] for c in outcome.checks if c.get("failure")), None)
+    result = verify(
+        trackers,
+        per_producer,
+        every_consumer=plan.every_consumer,
+        sent=sent,
+        leftover=leftover,
+    )
+    if not plan.every_consumer:
+        # An end marker that reached two consumers of a queue was delivered twice.
+        markers = [c.get("markers", []) for c in outcome.consumers]
+        extra = sum(len(m) for m in markers) - len(set().union(*map(set, markers)))
+        result.duplicates += extra
+        result.late_duplicates += extra
+    if outcome.checks is not None:
+        result.queue_checked = check_failure is None
+        result.check_failure = check_failure
+    return result
+
+
+def cpu_report(
+    meter: CpuMeter, broker_pid: int | None, generator: dict[str, int], messages: int
+) -> dict[str, Any] | None:
+    """The figures of one window (see `CpuMeter.report`), None if it was not measured."""
+    return meter.report(broker_pid, generator, messages) if meter.stopped else None
+
+
+def _cpu_line(who: str, figures: dict[str, Any]) -> str:
+    line = f"{who}: {figures['cpu_s']:.2f} s"
+    if figures.get("utilization") is not None:
+        line += f", {figures['utilization'] * 100:.0f}% of one core"
+    if figures.get("us_per_msg") is not None:
+        line += f", {figures['us_per_msg']:.1f} us per message"
+    return line
+
+
+def format_cpu(label: str, window: dict[str, Any] | None) -> list[str]:
+    """Lines on the broker's and the generator's CPU use in one window."""
+    if window is None:
+        return [f"CPU ({label}): not measured"]
+    lines = []
+    broker = window.get("broker")
+    if broker is not None:
+        lines.append(_cpu_line(f"broker CPU ({label}, {window['wall_s']:.2f} s)", broker))
+    generator = window["generator"]
+    if generator["cpu_s"] is not None:
+        count = len(generator["processes"])
+        lines.append(_cpu_line(f"generator CPU ({label}, {count} processes)", generator))
+    return lines
 
 
 def summarize_clients(
@@ -109,7 +185,24 @@ def summarize_clients(
             merge_histograms(p["receipt_latency"] for p in outcome.producers)
         ),
         "verification": verification.to_dict(),
+        "receipt_every": plan.producers[0].receipt_every if plan.producers else None,
+        "max_receipts": plan.producers[0].max_receipts if plan.producers else None,
+        "drain_grace_s": plan.drain_grace_s,
+        "queue_checks": outcome.checks,
+        # Arrived after the consumers' last ACK: left to the broker, found by the queue check.
+        "unacknowledged_at_stop": sum(int(c.get("unacknowledged", 0)) for c in outcome.consumers),
         "processes": {"consumers": outcome.processes[0], "producers": outcome.processes[1]},
+        "cpu": {
+            "measured": cpu_report(
+                outcome.measured_cpu, plan.broker_pid, outcome.generator_pids, measured
+            ),
+            "run": cpu_report(
+                outcome.run_cpu,
+                plan.broker_pid,
+                outcome.generator_pids,
+                verification.received,
+            ),
+        },
         "errors": outcome.errors,
         "reason": outcome.reason,
     }
@@ -131,10 +224,15 @@ def summarize_clients(
 def _verification_line(v: Verification) -> str:
     line = (
         f"verification FAILED: {v.received} of {v.expected} received, {v.missing} missing, "
-        f"{v.duplicates} duplicates, {v.unexpected} unexpected, {v.corrupt} corrupt"
+        f"{v.duplicates} duplicates ({v.late_duplicates} late), {v.unexpected} unexpected, "
+        f"{v.corrupt} corrupt"
     )
+    if v.left_queued:
+        line += f", {v.left_queued} left in the queue"
     if v.unsent:
         line += f", {v.unsent} never sent"
+    if v.check_failure:
+        line += f"; {v.check_failure}"
     if v.missing_examples:
         first = sorted(v.missing_examples.items())[:3]
         line += "; missing e.g. " + ", ".join(f"producer {p}: {seqs[:5]}" for p, seqs in first)
@@ -156,9 +254,19 @@ def format_clients(results: dict[str, Any]) -> list[str]:
     lines.append(format_latency("receipt latency", results["receipt_latency_ms"]))
     v = results["verification"]
     if v["ok"]:
-        lines.append(f"verified: all {v['expected']} messages arrived exactly once")
+        after = f", then {results['drain_grace_s']:g} s more received nothing twice"
+        if v.get("queue_checked"):
+            after += ", and the queue was empty afterwards"
+        lines.append(f"verified: all {v['expected']} messages arrived exactly once{after}")
     else:
         lines.append(_verification_line(Verification.from_dict(v)))
+    if v.get("reordered"):
+        lines.append(f"{v['reordered']} messages arrived after a later one of the same producer")
+    lines.append(
+        f"receipts: one per {results['receipt_every']} message(s), "
+        f"at most {results['max_receipts']} unanswered per producer"
+    )
+    lines += format_cpu("measured", results["cpu"]["measured"])
     for error in results["errors"][:5]:
         lines.append(f"error: {error}")
     return lines

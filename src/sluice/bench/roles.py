@@ -1,8 +1,9 @@
 """Producer and consumer: what one bench connection does on the hot path.
 
-Producer flow control: a producer writes its messages in windows of `receipt_every` frames (fewer
-for large messages, so a window stays near 1 MiB), the last frame of each window carrying a
-`receipt` header, and keeps at most `max_receipts` windows unanswered. A broker that accepts
+Producer flow control: a producer writes its messages in windows of `receipt_every` frames, the
+last frame of each window carrying a `receipt` header, and keeps at most `max_receipts` windows
+unanswered (`receipt_window` picks the default: 100, fewer for large messages so that a window
+stays near 1 MiB; an explicit `--receipt-every` is used as given). A broker that accepts
 slowly answers slowly, so the producer slows down with it instead of flooding socket buffers;
 every broker answers receipts, so the rule is the same for all of them. With `receipt_every=1,
 max_receipts=1` this is the classic synchronous send.
@@ -19,6 +20,10 @@ and unlike `auto` it keeps the broker's per-consumer credit (`activemq.prefetchS
 `prefetch-count`) in force, so no broker is measured pushing into an unbounded socket buffer.
 `ack_every` stays at or below the prefetch (half of it by default) so credit never runs out while
 an ACK is on its way.
+
+After its last message a producer can send an end marker (`Producer.mark`, with a receipt); a
+consumer records which producers' markers it received, so the run knows when nothing the broker
+holds is ahead of them (see `payload`).
 """
 
 from __future__ import annotations
@@ -28,18 +33,27 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sluice.bench.payload import HEAD_STRUCT, MAGIC, filler
+from sluice.bench.payload import HEAD_STRUCT, MAGIC, MARKER_MAGIC, encode_marker, filler
 from sluice.bench.stats import LatencyHistogram, SeenTracker
 from sluice.bench.wire import LinkError, StompLink
 from sluice.stomp import Command, Version, encode_headers, escape_value
 
-__all__ = ["Consumer", "ConsumerSpec", "Producer", "ProducerSpec"]
+__all__ = ["Consumer", "ConsumerSpec", "Producer", "ProducerSpec", "receipt_window"]
 
 ACK_MODES = ("auto", "client", "client-individual")
-# A window of large messages is cut short so that one write stays around this size.
+DEFAULT_RECEIPT_EVERY = 100
+# The default window of large messages is cut short so that one write stays around this size.
 _MAX_WINDOW_BYTES = 1024 * 1024
+_MARKER_RECEIPT = "end"
 _NS_PER_US = 1000
 _NS_PER_S = 1_000_000_000
+
+
+def receipt_window(size: int, receipt_every: int | None) -> int:
+    """Messages per receipt: `receipt_every` as given, or by default 100 but at most 1 MiB."""
+    if receipt_every is not None:
+        return receipt_every
+    return min(DEFAULT_RECEIPT_EVERY, max(1, _MAX_WINDOW_BYTES // size))
 
 
 @dataclass(frozen=True)
@@ -52,7 +66,8 @@ class ProducerSpec:
     count: int
     warmup: int = 0
     persistent: bool = False
-    receipt_every: int = 100
+    # Messages per receipt, used as given (see `receipt_window` for the default).
+    receipt_every: int = DEFAULT_RECEIPT_EVERY
     max_receipts: int = 8
     # Messages per second on a timetable; 0 sends as fast as the broker accepts.
     rate_per_s: float = 0.0
@@ -99,7 +114,7 @@ class Producer:
         self._plain_head = b"SEND\n" + block + b"\n"
         self._receipt_head = b"SEND\n" + block + b"receipt:"
         self._tail = filler(spec.size) + b"\0"
-        self.window = min(spec.receipt_every, max(1, _MAX_WINDOW_BYTES // spec.size))
+        self.window = max(1, spec.receipt_every)
         self._outstanding: dict[str, tuple[int, bool]] = {}
         self._room = asyncio.Event()
         self._room.set()
@@ -141,6 +156,15 @@ class Producer:
             await self._run_timetable(start, end, measured)
         else:
             await self._run_flat_out(start, end, measured)
+        await self._wait(self._idle)
+
+    async def mark(self) -> None:
+        """Send the end marker with a receipt and wait for it; raises `LinkError`."""
+        now_ns = time.monotonic_ns()
+        marker = encode_marker(self.spec.producer_id, 0, now_ns, self.spec.size)
+        head = self._receipt_head + _MARKER_RECEIPT.encode() + b"\n\n"
+        self.link.write(head + marker + b"\0")
+        self._track(_MARKER_RECEIPT, now_ns, False)
         await self._wait(self._idle)
 
     async def _wait(self, event: asyncio.Event) -> None:
@@ -274,6 +298,10 @@ class Consumer:
         self.first_ns = 0
         self.last_ns = 0
         self.acks_sent = 0
+        # Producers whose end marker this consumer received.
+        self.markers: set[int] = set()
+        # Messages that arrived after `finish`, left to the broker to deliver again.
+        self.unacknowledged = 0
         self._tail = filler(spec.size)
         self._warmup = list(spec.warmup) or [0] * len(spec.per_producer)
         if len(self._warmup) != len(spec.per_producer):
@@ -314,7 +342,7 @@ class Consumer:
                     self.first_ns = now_ns
                 self.last_ns = now_ns
         else:
-            tracker.corrupt += 1
+            self._not_a_message(body)
         ack = self.spec.ack
         if ack == "auto":
             return
@@ -328,6 +356,42 @@ class Consumer:
         self._pending += 1
         if self._pending >= self.spec.ack_every:
             self.flush_acks()
+
+    def _not_a_message(self, body: bytes) -> None:
+        """An end marker, or a body the load generator did not send."""
+        tracker = self.tracker
+        if not (
+            len(body) == self.spec.size
+            and body.startswith(MARKER_MAGIC)
+            and body.endswith(self._tail)
+        ):
+            tracker.corrupt += 1
+            return
+        producer = HEAD_STRUCT.unpack_from(body)[1]
+        if producer >= len(self.spec.per_producer):
+            tracker.unexpected += 1
+        elif producer in self.markers:
+            # A marker delivered twice is a duplicate like any other message.
+            tracker.duplicates += 1
+            tracker.trailing_duplicates += 1
+        else:
+            self.markers.add(producer)
+
+    def finish(self) -> None:
+        """Acknowledge what was received, and count nothing that arrives from now on.
+
+        A message that arrives after the last ACK (and before DISCONNECT takes effect) is not
+        acknowledged, so the broker keeps it for the next consumer; counting it here too would
+        make it a duplicate when the emptiness check drains it. With `ack:auto` there is nothing to
+        acknowledge and the broker forgets what it delivered, so counting goes on.
+        """
+        self.flush_acks()
+        if self.spec.ack != "auto":
+            self.link.on_message = self._after_finish
+
+    def _after_finish(self, frame: Any, now_ns: int) -> None:
+        del frame, now_ns
+        self.unacknowledged += 1
 
     def flush_acks(self) -> None:
         """Acknowledge everything received so far (no-op in auto mode or when nothing is due)."""
@@ -371,6 +435,8 @@ class Consumer:
             "first_ns": self.first_ns,
             "last_ns": self.last_ns,
             "acks_sent": self.acks_sent,
+            "markers": sorted(self.markers),
+            "unacknowledged": self.unacknowledged,
             "tracker": self.tracker.to_dict(),
             "latency": self.latency.to_dict(),
             "send_latency": self.send_latency.to_dict(),

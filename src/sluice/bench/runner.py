@@ -5,10 +5,20 @@ A run of the throughput, sync or latency scenario goes:
 1. consumer workers start and report `ready` once every subscription is confirmed by a receipt;
 2. producer workers start and report `ready` once connected;
 3. with a warm-up, producers send it and the run waits until consumers have all of it;
-4. `start`: producers send the measured messages; the run ends when consumers have every message,
+4. `start`: producers send the measured messages; the load ends when consumers have every message,
    when producers are done and consumers made no progress for `idle_timeout_s` (messages lost),
    on the first error, or at the overall deadline;
-5. `stop`: every worker acknowledges what it holds, disconnects and sends its result.
+5. `mark`: each producer sends an end marker; the run waits (up to `idle_timeout_s`) until every
+   marker reached a consumer (on a topic: every consumer), so nothing the broker holds is ahead of
+   them, then keeps receiving for `drain_grace_s` to count late duplicates;
+6. `stop`: every worker acknowledges what it holds, disconnects (with a receipt) and sends its
+   result;
+7. on a queue, the emptiness check (`check`) drains what the broker still holds for it up to a
+   marker of its own: a late duplicate, or a message never delivered.
+
+CPU time is read from /proc for the broker (given its pid) and every worker process, over the
+measured window (from `start` to the moment the last expected message was reported, within the
+100 ms of a progress report) and over the whole run.
 
 The coordinator never blocks on a worker without a deadline, and terminates workers that do not
 answer in time, so a run always ends.
@@ -26,6 +36,7 @@ from dataclasses import dataclass, field
 from multiprocessing.context import SpawnProcess
 from typing import Any
 
+from sluice.bench.procstat import CpuMeter
 from sluice.bench.roles import ConsumerSpec, ProducerSpec
 from sluice.bench.worker import worker_main
 
@@ -134,6 +145,10 @@ class WorkerPool:
         """Every error any worker reported."""
         return [e for w in self.workers for e in w.errors]
 
+    def pids(self) -> dict[str, int]:
+        """Every worker's pid by name."""
+        return {w.name: w.process.pid for w in self.workers if w.process.pid is not None}
+
     def wait_for(
         self, what: str, done: Callable[[], bool], *, tick: Callable[[], None] | None = None
     ) -> None:
@@ -204,6 +219,10 @@ class ClientsPlan:
     timeout_s: float = 300.0
     idle_timeout_s: float = 10.0
     connect_timeout_s: float = 10.0
+    # After the end markers, how long consumers go on receiving to count late duplicates.
+    drain_grace_s: float = 1.0
+    # The broker's process, whose CPU time is read from /proc.
+    broker_pid: int | None = None
     uvloop: bool = True
     log_level: int = 30
 
@@ -222,6 +241,99 @@ class ClientsOutcome:
     errors: list[str] = field(default_factory=list)
     reason: str | None = None  # why the run was cut short, if it was
     processes: tuple[int, int] = (0, 0)
+    # The emptiness check of each queue (None for a topic, or when the run was cut short).
+    checks: list[dict[str, Any]] | None = None
+    # CPU readings over the measured window and the whole run (see CpuMeter).
+    measured_cpu: CpuMeter = field(default_factory=CpuMeter)
+    run_cpu: CpuMeter = field(default_factory=CpuMeter)
+    generator_pids: dict[str, int] = field(default_factory=dict)
+
+
+def _base_spec(plan: ClientsPlan, kind: str) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "broker": plan.broker,
+        "connect_timeout_s": plan.connect_timeout_s,
+        "uvloop": plan.uvloop,
+        "log_level": plan.log_level,
+    }
+
+
+def _own_pids(pool: WorkerPool, plan: ClientsPlan) -> list[int]:
+    pids = [*pool.pids().values(), os.getpid()]
+    return [plan.broker_pid, *pids] if plan.broker_pid is not None else pids
+
+
+def _settle(
+    pool: WorkerPool,
+    plan: ClientsPlan,
+    producer_workers: list[WorkerProcess],
+    consumer_workers: list[WorkerProcess],
+) -> str | None:
+    """Send the end markers, wait for them, drain for the grace period; a failure, if any."""
+    pool.broadcast("mark", producer_workers)
+    wanted = len(plan.producers)
+
+    def arrived() -> bool:
+        progress = [w.last.get("progress", {}) for w in consumer_workers]
+        if plan.every_consumer:
+            return all(int(p.get("markers_min", 0)) >= wanted for p in progress)
+        union: set[int] = set()
+        for item in progress:
+            union.update(item.get("markers", []))
+        return len(union) >= wanted
+
+    end = time.monotonic() + plan.idle_timeout_s
+    pool.wait_for("the end markers", lambda: arrived() or time.monotonic() >= end)
+    failure = None
+    if not arrived():
+        failure = (
+            f"the producers' end markers did not all reach the consumers within "
+            f"{plan.idle_timeout_s:g} s"
+        )
+    end = time.monotonic() + plan.drain_grace_s
+    pool.wait_for("the drain", lambda: time.monotonic() >= end)
+    return failure
+
+
+def _check_one(plan: ClientsPlan, spec: dict[str, Any]) -> dict[str, Any]:
+    """One queue's emptiness check in a worker of its own."""
+    pool = WorkerPool(time.monotonic() + plan.timeout_s)
+    worker = pool.start(f"check {spec['destination']}", spec)
+    try:
+        pool.wait_for("the queue check", lambda: worker.result is not None or worker.gone)
+    except RunAborted as exc:
+        return {"destination": spec["destination"], "failure": f"queue check: {exc}"}
+    finally:
+        pool.finish()
+    result: dict[str, Any] | None = (worker.result or {}).get("check")
+    if result is None:
+        return {"destination": spec["destination"], "failure": "queue check sent no result"}
+    return result
+
+
+def _check_queues(plan: ClientsPlan) -> list[dict[str, Any]]:
+    """The emptiness check of every queue the consumers read, in turn."""
+    per_producer = [0] * len(plan.producers)
+    for producer in plan.producers:
+        per_producer[producer.producer_id] = producer.warmup + producer.count
+    first = plan.producers[0] if plan.producers else None
+    checks: list[dict[str, Any]] = []
+    for destination in sorted({c.destination for c in plan.consumers}):
+        consumer = next(c for c in plan.consumers if c.destination == destination)
+        spec = {
+            **_base_spec(plan, "check"),
+            "destination": destination,
+            "size": consumer.size,
+            "per_producer": per_producer,
+            # As the producers sent: RabbitMQ ties a queue's durability to `persistent`.
+            "persistent": first.persistent if first else False,
+            "send_headers": dict(first.headers) if first else {},
+            "subscribe_headers": dict(consumer.headers),
+            "idle_timeout_s": plan.idle_timeout_s,
+        }
+        checks.append(_check_one(plan, spec))
+    return checks
 
 
 def run_clients(plan: ClientsPlan) -> ClientsOutcome:
@@ -232,21 +344,22 @@ def run_clients(plan: ClientsPlan) -> ClientsOutcome:
         len(plan.producers), len(plan.consumers), plan.processes
     )
     outcome = ClientsOutcome(processes=(consumer_procs, producer_procs))
-    base = {
-        "kind": "clients",
-        "broker": plan.broker,
-        "connect_timeout_s": plan.connect_timeout_s,
-        "uvloop": plan.uvloop,
-        "log_level": plan.log_level,
-    }
+    outcome.run_cpu.start(_own_pids(pool, plan))
+    aborted = False
     try:
         consumer_workers = [
-            pool.start(f"consumers-{i}", {**base, "consumers": [c.to_dict() for c in group]})
+            pool.start(
+                f"consumers-{i}",
+                {**_base_spec(plan, "clients"), "consumers": [c.to_dict() for c in group]},
+            )
             for i, group in enumerate(_deal(plan.consumers, consumer_procs))
         ]
         pool.wait_for("subscriptions", lambda: all("ready" in w.events for w in consumer_workers))
         producer_workers = [
-            pool.start(f"producers-{i}", {**base, "producers": [p.to_dict() for p in group]})
+            pool.start(
+                f"producers-{i}",
+                {**_base_spec(plan, "clients"), "producers": [p.to_dict() for p in group]},
+            )
             for i, group in enumerate(_deal(plan.producers, producer_procs))
         ]
         pool.wait_for("producers", lambda: all("ready" in w.events for w in producer_workers))
@@ -262,6 +375,7 @@ def run_clients(plan: ClientsPlan) -> ClientsOutcome:
                 lambda: all("warmed" in w.events for w in producer_workers) and unique() >= warm,
             )
         expected = plan.expected_unique(warmup_only=False)
+        outcome.measured_cpu.start(_own_pids(pool, plan))
         pool.broadcast("start", producer_workers)
         progress = {"unique": unique(), "at": time.monotonic()}
 
@@ -277,20 +391,33 @@ def run_clients(plan: ClientsPlan) -> ClientsOutcome:
             return producers_done and now - progress["at"] >= plan.idle_timeout_s
 
         pool.wait_for("the consumers", finished)
+        outcome.measured_cpu.stop(_own_pids(pool, plan))
         if unique() < expected:
             outcome.reason = (
                 f"consumers received no new message for {plan.idle_timeout_s:g} s "
                 f"after the producers finished ({unique()} of {expected})"
             )
+        failure = _settle(pool, plan, producer_workers, consumer_workers)
+        outcome.reason = outcome.reason or failure
     except RunAborted as exc:
         outcome.reason = str(exc)
+        aborted = True
     except KeyboardInterrupt:
         outcome.reason = "interrupted"
+        aborted = True
     finally:
+        # Read before `stop`: the workers exit once they sent their results.
+        outcome.run_cpu.stop(_own_pids(pool, plan))
+        outcome.generator_pids = {**pool.pids(), "coordinator": os.getpid()}
         pool.finish()
     for worker in pool.workers:
         if worker.result is not None:
             outcome.producers += worker.result.get("producers", [])
             outcome.consumers += worker.result.get("consumers", [])
     outcome.errors = pool.errors()
+    if not aborted and not plan.every_consumer and not outcome.errors:
+        try:
+            outcome.checks = _check_queues(plan)
+        except KeyboardInterrupt:
+            outcome.reason = outcome.reason or "interrupted"
     return outcome

@@ -5,8 +5,12 @@ into buckets at most 1/128 of their value wide, so a percentile is off by under 
 range, memory stays bounded, and histograms from many processes add up.
 
 `SeenTracker` is one consumer's record of which (producer, sequence) pairs it received: a byte per
-expected message. `verify` merges the trackers of all consumers and counts what is missing and what
-came more than once, within a consumer or across consumers.
+expected message. It also counts messages that came out of order (a sequence below one already
+received from the same producer: not a duplicate, and not a failure) and duplicates that came
+after the consumer's last new message. `verify` merges the trackers of all consumers, and of the
+emptiness check that drains a queue after the consumers left, and counts what is missing, what
+came more than once (within a consumer, across consumers, or late: after the last expected message
+or left in the queue), and what was left queued without ever being delivered.
 """
 
 from __future__ import annotations
@@ -148,13 +152,28 @@ class LatencyHistogram:
 class SeenTracker:
     """Which messages one consumer received: a byte per (producer, sequence) it may receive."""
 
-    __slots__ = ("corrupt", "duplicates", "per_producer", "seen", "unexpected", "unique")
+    __slots__ = (
+        "corrupt",
+        "duplicates",
+        "last_seq",
+        "per_producer",
+        "reordered",
+        "seen",
+        "trailing_duplicates",
+        "unexpected",
+        "unique",
+    )
 
     def __init__(self, per_producer: Sequence[int]) -> None:
         self.per_producer = list(per_producer)
         self.seen = [bytearray(n) for n in self.per_producer]
         self.unique = 0
         self.duplicates = 0
+        # Duplicates since the last new message: at the end, those that came after it.
+        self.trailing_duplicates = 0
+        # New messages with a sequence below one already received from the same producer.
+        self.reordered = 0
+        self.last_seq = [-1] * len(self.per_producer)
         # Well-formed bodies naming a producer or sequence outside the run.
         self.unexpected = 0
         # Bodies that are not what the load generator sends (size, magic, filler).
@@ -168,12 +187,18 @@ class SeenTracker:
                 raise IndexError(seq)
             if marks[seq]:
                 self.duplicates += 1
+                self.trailing_duplicates += 1
                 return False
             marks[seq] = 1
         except IndexError:
             self.unexpected += 1
             return False
+        if seq < self.last_seq[producer]:
+            self.reordered += 1
+        else:
+            self.last_seq[producer] = seq
         self.unique += 1
+        self.trailing_duplicates = 0
         return True
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,6 +208,8 @@ class SeenTracker:
             "seen": [base64.b64encode(zlib.compress(bytes(m), 1)).decode() for m in self.seen],
             "unique": self.unique,
             "duplicates": self.duplicates,
+            "trailing_duplicates": self.trailing_duplicates,
+            "reordered": self.reordered,
             "unexpected": self.unexpected,
             "corrupt": self.corrupt,
         }
@@ -198,6 +225,8 @@ class SeenTracker:
             tracker.seen[index] = bytearray(marks)
         tracker.unique = int(data["unique"])
         tracker.duplicates = int(data["duplicates"])
+        tracker.trailing_duplicates = int(data.get("trailing_duplicates", 0))
+        tracker.reordered = int(data.get("reordered", 0))
         tracker.unexpected = int(data["unexpected"])
         tracker.corrupt = int(data["corrupt"])
         return tracker
@@ -212,9 +241,21 @@ class Verification:
     missing: int = 0
     # Messages the producers never sent (a run cut short); not a broker fault, but not a pass.
     unsent: int = 0
+    # Every extra delivery, late ones included.
     duplicates: int = 0
+    # Of those: after a consumer's last new message, or found in the queue after the run.
+    late_duplicates: int = 0
+    # Of the missing: found in the queue after the run, never delivered while consumers waited.
+    left_queued: int = 0
+    # Delivered out of order (counted, not a failure).
+    reordered: int = 0
     unexpected: int = 0
     corrupt: int = 0
+    # Whether a queue was drained up to a marker after the run: None for a topic or when the
+    # check could not run, else what it found.
+    queue_checked: bool | None = None
+    # Why the check failed (its marker never came back, say); a failure of the run.
+    check_failure: str | None = None
     # producer id -> first few missing sequence numbers, for the report
     missing_examples: dict[int, list[int]] = field(default_factory=dict)
 
@@ -222,7 +263,12 @@ class Verification:
     def ok(self) -> bool:
         """True when every message arrived exactly once and nothing else arrived."""
         return not (
-            self.missing or self.unsent or self.duplicates or self.unexpected or self.corrupt
+            self.missing
+            or self.unsent
+            or self.duplicates
+            or self.unexpected
+            or self.corrupt
+            or self.check_failure
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -234,8 +280,13 @@ class Verification:
             "missing": self.missing,
             "unsent": self.unsent,
             "duplicates": self.duplicates,
+            "late_duplicates": self.late_duplicates,
+            "left_queued": self.left_queued,
+            "reordered": self.reordered,
             "unexpected": self.unexpected,
             "corrupt": self.corrupt,
+            "queue_checked": self.queue_checked,
+            "check_failure": self.check_failure,
             "missing_examples": {str(k): v for k, v in self.missing_examples.items()},
         }
 
@@ -248,8 +299,13 @@ class Verification:
             missing=int(data["missing"]),
             unsent=int(data["unsent"]),
             duplicates=int(data["duplicates"]),
+            late_duplicates=int(data.get("late_duplicates", 0)),
+            left_queued=int(data.get("left_queued", 0)),
+            reordered=int(data.get("reordered", 0)),
             unexpected=int(data["unexpected"]),
             corrupt=int(data["corrupt"]),
+            queue_checked=data.get("queue_checked"),
+            check_failure=data.get("check_failure"),
             missing_examples={int(k): list(v) for k, v in data["missing_examples"].items()},
         )
 
@@ -269,13 +325,16 @@ def verify(
     *,
     every_consumer: bool = False,
     sent: Sequence[int] | None = None,
+    leftover: SeenTracker | None = None,
 ) -> Verification:
     """Merge consumers' trackers into one verdict.
 
     On a queue (`every_consumer` False) each message must reach exactly one consumer; on a topic
     (`every_consumer` True) each consumer must receive every message exactly once. `sent[i]`, if
     given, is how many messages producer i sent (its sequences 0..sent[i]-1): the rest count as
-    unsent, not missing.
+    unsent, not missing. `leftover` is what the emptiness check drained from a queue after the
+    consumers left: a message some consumer had is a late duplicate, any other one was left
+    queued (and stays missing: no consumer got it while they waited).
     """
     parts = list(trackers)
     result = Verification()
@@ -284,12 +343,17 @@ def verify(
         if sent is None
         else [min(s, n) for s, n in zip(sent, per_producer, strict=True)]
     )
-    for part in parts:
+    for part in [*parts, *([leftover] if leftover is not None else [])]:
         if list(part.per_producer) != list(per_producer):
             raise ValueError("trackers disagree on the number of messages per producer")
         result.duplicates += part.duplicates
+        result.late_duplicates += part.trailing_duplicates
+        result.reordered += part.reordered
         result.unexpected += part.unexpected
         result.corrupt += part.corrupt
+    if leftover is not None:
+        # Every duplicate the check itself saw came after the run.
+        result.late_duplicates += leftover.duplicates - leftover.trailing_duplicates
     if every_consumer:
         result.expected = sum(per_producer) * len(parts)
         groups: list[list[SeenTracker]] = [[part] for part in parts]
@@ -304,6 +368,12 @@ def verify(
                 bits = int.from_bytes(part.seen[producer], "little")
                 result.duplicates += (union & bits).bit_count()
                 union |= bits
+            if leftover is not None and not every_consumer:
+                found = int.from_bytes(leftover.seen[producer], "little")
+                late = (union & found).bit_count()
+                result.duplicates += late
+                result.late_duplicates += late
+                result.left_queued += (found & ~union).bit_count()
             result.received += union.bit_count()
             sent_count = sent_counts[producer]
             result.unsent += count - sent_count

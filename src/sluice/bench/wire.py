@@ -208,12 +208,17 @@ class StompLink(asyncio.Protocol):
         self.write(encode_frame(command, headers, body, self.version))
 
     async def request(
-        self, command: Command, headers: Mapping[str, str], receipt_id: str, timeout_s: float
+        self,
+        command: Command,
+        headers: Mapping[str, str],
+        receipt_id: str,
+        timeout_s: float,
+        body: bytes = b"",
     ) -> None:
         """Send a frame with a `receipt` header and wait for its RECEIPT."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[receipt_id] = waiter
-        self.send_frame(command, {**headers, "receipt": receipt_id})
+        self.send_frame(command, {**headers, "receipt": receipt_id}, body)
         try:
             await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:

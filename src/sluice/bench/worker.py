@@ -2,11 +2,14 @@
 
 The coordinating process (`runner`) starts workers with multiprocessing's `spawn` context and talks
 to each over a pipe in JSON, one object per message; nothing received from the broker is ever
-unpickled. Commands go down (`warmup`, `start`, `stop`), events come up:
+unpickled. Commands go down (`warmup`, `start`, `mark`, `stop`), events come up:
 
 - `ready`: every link is connected and every subscription confirmed by a receipt;
-- `progress`: distinct messages received so far by this worker's consumers (every 100 ms);
-- `warmed`, `sent`: this worker's producers finished a phase and hold no unanswered receipt;
+- `progress`: distinct messages received so far by this worker's consumers, the producers whose
+  end marker any of them received, and the fewest markers one of them received (every 100 ms,
+  when something changed);
+- `warmed`, `sent`, `marked`: this worker's producers finished a phase (the warm-up, the measured
+  messages, the end markers) and hold no unanswered receipt;
 - `error`: something failed (the worker still answers `stop`);
 - `result`: everything measured, sent once after `stop`, then the worker exits.
 """
@@ -26,7 +29,7 @@ from typing import Any
 from sluice.bench.roles import Consumer, ConsumerSpec, Producer, ProducerSpec
 from sluice.bench.wire import BrokerAddress, LinkError, StompLink, open_link
 
-__all__ = ["Channel", "raise_open_files_limit", "run_worker", "worker_main"]
+__all__ = ["Channel", "address_of", "raise_open_files_limit", "run_worker", "worker_main"]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +81,8 @@ class Channel:
             asyncio.get_running_loop().remove_reader(self.conn.fileno())
 
 
-def _address(spec: dict[str, Any]) -> BrokerAddress:
+def address_of(spec: dict[str, Any]) -> BrokerAddress:
+    """The broker address of a worker's spec."""
     broker = spec["broker"]
     return BrokerAddress(
         host=broker["host"],
@@ -94,7 +98,7 @@ class _ClientsWorker:
 
     def __init__(self, channel: Channel, spec: dict[str, Any]) -> None:
         self.channel = channel
-        self.address = _address(spec)
+        self.address = address_of(spec)
         self.connect_timeout_s = float(spec.get("connect_timeout_s", 10.0))
         self.producer_specs = [ProducerSpec(**p) for p in spec.get("producers", [])]
         self.consumer_specs = [ConsumerSpec(**c) for c in spec.get("consumers", [])]
@@ -142,19 +146,39 @@ class _ClientsWorker:
             return
         self.channel.send({"event": done_event})
 
+    async def _mark(self) -> None:
+        try:
+            await asyncio.gather(*(p.mark() for p in self.producers))
+        except LinkError as exc:
+            self._error(str(exc))
+            return
+        self.channel.send({"event": "marked"})
+
+    def _progress(self) -> dict[str, Any]:
+        consumers = self.consumers
+        markers: set[int] = set()
+        for consumer in consumers:
+            markers |= consumer.markers
+        return {
+            "event": "progress",
+            "unique": sum(c.unique for c in consumers),
+            "markers": sorted(markers),
+            "markers_min": min((len(c.markers) for c in consumers), default=0),
+        }
+
     async def _tick(self) -> None:
         ticks = 0
-        reported = -1
+        reported: dict[str, Any] = {}
         while True:
             await asyncio.sleep(_ACK_FLUSH_INTERVAL_S)
             for consumer in self.consumers:
                 consumer.flush_acks()
             ticks += 1
             if ticks % _PROGRESS_EVERY_TICKS == 0:
-                unique = sum(c.unique for c in self.consumers)
-                if unique != reported:
-                    reported = unique
-                    self.channel.send({"event": "progress", "unique": unique})
+                progress = self._progress()
+                if progress != reported:
+                    reported = progress
+                    self.channel.send(progress)
                 for consumer in self.consumers:
                     link = consumer.link
                     if not link.alive and not link.closed and id(link) not in self._reported:
@@ -175,10 +199,13 @@ class _ClientsWorker:
                 command = (await self.channel.receive()).get("cmd")
                 if command == "stop":
                     break
-                if command not in ("warmup", "start"):
+                if command not in ("warmup", "start", "mark"):
                     continue
                 if self._phase is not None and not self._phase.done():
                     self._error(f"{command} received while the previous phase is running")
+                    continue
+                if command == "mark":
+                    self._phase = asyncio.create_task(self._mark())
                     continue
                 warm = command == "warmup"
                 self._phase = asyncio.create_task(self._produce(warm, "warmed" if warm else "sent"))
@@ -190,7 +217,7 @@ class _ClientsWorker:
 
     async def _shutdown(self) -> None:
         for consumer in self.consumers:
-            consumer.flush_acks()
+            consumer.finish()
         links: list[StompLink] = [c.link for c in self.consumers] + [p.link for p in self.producers]
         await asyncio.gather(
             *(link.disconnect(_DISCONNECT_TIMEOUT_S) for link in links), return_exceptions=True
@@ -210,9 +237,13 @@ async def run_worker(conn: Connection, spec: dict[str, Any]) -> None:
     channel = Channel(conn)
     try:
         if spec["kind"] == "connections":
-            from sluice.bench.connections import ConnectionsWorker  # noqa: PLC0415
+            from sluice.bench.connections_worker import ConnectionsWorker  # noqa: PLC0415
 
             await ConnectionsWorker(channel, spec).run()
+        elif spec["kind"] == "check":
+            from sluice.bench.check import run_queue_check  # noqa: PLC0415
+
+            await run_queue_check(channel, spec)
         else:
             await _ClientsWorker(channel, spec).run()
     except Exception as exc:  # the worker's task boundary: report, never hang the coordinator

@@ -62,7 +62,12 @@ def build_message(frame: Frame, message_id: str, now_ms: int) -> Message:
         priority = parse_int_header(h, "priority", minimum=0, maximum=9) or 0
     if "expires" in h:
         expires = parse_int_header(h, "expires", minimum=0) or 0
-    user = {k: v for k, v in h.items() if k not in BROKER_HEADERS}
+    # Usually every header is one the broker consumes: skip building the filtered copy.
+    user = (
+        {}
+        if h.keys() <= BROKER_HEADERS
+        else {k: v for k, v in h.items() if k not in BROKER_HEADERS}
+    )
     return Message(
         h["destination"],
         0,

@@ -8,6 +8,12 @@ I/O.
 The parser is the broker's hot path. It keeps one bytearray with a read offset (consumed bytes are
 dropped once per `feed`, not once per frame), searches with `bytearray.find`, and remembers where a
 search stopped so that a frame arriving in many small pieces is not scanned again from its start.
+A body is copied once, out of a memoryview of the buffer (a bytearray slice would copy it twice:
+into the slice, then into the `bytes`); the view is released before `feed` resizes the buffer.
+A large body announced by `content-length` that has not all arrived (`large_body_bytes`, 64 KiB by
+default) leaves the buffer: the chunks fed from then on are kept as they are (copied only if they
+are not `bytes`) and joined once when the body is complete, instead of growing the buffer read by
+read and copying the body out of it.
 It never holds more than `max_frame_bytes` of a partial frame (plus the chunk just fed): an oversize
 frame, header block or announced `content-length` is rejected as soon as it is known.
 
@@ -25,6 +31,7 @@ from sluice.stomp.frames import BODY_COMMANDS, Command, Frame, HeartBeat, Versio
 
 __all__ = [
     "HEARTBEAT_BYTES",
+    "LARGE_BODY_BYTES",
     "FrameParser",
     "StompLimits",
     "assemble_frame",
@@ -35,6 +42,8 @@ __all__ = [
 
 _KiB = 1024
 _MiB = 1024 * _KiB
+# A body at least this large that arrives in pieces is gathered in a list (see the module doc).
+LARGE_BODY_BYTES = 64 * _KiB
 
 HEARTBEAT_BYTES = b"\n"
 
@@ -146,16 +155,30 @@ class FrameParser:
         "_command",
         "_error",
         "_headers",
+        "_large_body_bytes",
         "_line_checked",
+        "_parts",
+        "_parts_bytes",
         "_pos",
         "_scan",
         "_unescapes",
         "_version",
+        "_view",
         "limits",
     )
 
-    def __init__(self, limits: StompLimits, version: Version = Version.V1_2) -> None:
+    def __init__(
+        self,
+        limits: StompLimits,
+        version: Version = Version.V1_2,
+        *,
+        large_body_bytes: int = LARGE_BODY_BYTES,
+    ) -> None:
         self.limits = limits
+        self._large_body_bytes = max(1, large_body_bytes)
+        # The pieces of a large body still arriving (None otherwise), and their total size.
+        self._parts: list[bytes] | None = None
+        self._parts_bytes = 0
         self._version = version
         self._unescapes = _UNESCAPES[version]
         self._buf = bytearray()
@@ -171,6 +194,8 @@ class FrameParser:
         # Whether the command line of the current frame has been seen and found valid.
         self._line_checked = False
         self._error: RemoteProtocolError | None = None
+        # A view of _buf for copying bodies out, made when first needed after each `feed`.
+        self._view: memoryview | None = None
 
     @property
     def version(self) -> Version:
@@ -185,16 +210,46 @@ class FrameParser:
     @property
     def buffered_bytes(self) -> int:
         """Bytes received but not yet returned as events."""
-        return len(self._buf) - self._pos
+        buffered = len(self._buf) - self._pos
+        if self._parts is not None:
+            buffered += self._body_offset + self._parts_bytes
+        return buffered
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes. Parsing happens in `next_event`."""
+        if self._parts is not None:
+            rest = self._feed_part(data)
+            if rest is None:
+                return
+            data = rest
         buf = self._buf
+        view = self._view
+        if view is not None:
+            # A bytearray with a view exported cannot be resized.
+            view.release()
+            self._view = None
         if self._pos:
             # One compaction per feed keeps per-frame work free of buffer moves.
             del buf[: self._pos]
             self._pos = 0
         buf += data
+
+    def _feed_part(self, data: bytes | bytearray | memoryview) -> memoryview | None:
+        """Take what a large body still lacks from `data`; return the rest, if any."""
+        parts = self._parts
+        assert parts is not None
+        need = self._body_length - self._parts_bytes
+        size = len(data)
+        if size <= need:
+            # Chunks handed in as bytes are immutable: keep them, copy nothing yet.
+            parts.append(data if type(data) is bytes else bytes(data))
+            self._parts_bytes += size
+            return None
+        view = memoryview(data)
+        if need:
+            parts.append(view[:need].tobytes())
+            self._parts_bytes += need
+        return view[need:]
 
     def next_event(self) -> Frame | HeartBeat | None:
         """Return the next complete frame or heart-beat, or None if more bytes are needed."""
@@ -221,11 +276,15 @@ class FrameParser:
                 return None
             command = self._command
             assert command is not None
+        elif self._parts is not None:
+            return self._large_body(buf, pos, end, command)
         body_start = pos + self._body_offset
         length = self._body_length
         if length >= 0:
             nul = body_start + length
             if nul >= end:
+                if length >= self._large_body_bytes:
+                    self._start_large_body(buf, body_start, end)
                 return None
             if buf[nul] != 0:
                 raise self._refuse(
@@ -254,13 +313,53 @@ class FrameParser:
             if buf[body_start] != 0:
                 raise self._refuse(RemoteProtocolError(f"frame {command} must not have a body"))
             nul = body_start
-        body = bytes(buf[body_start:nul]) if nul > body_start else b""
+        if nul > body_start:
+            view = self._view
+            if view is None:
+                view = self._view = memoryview(buf)
+            body = view[body_start:nul].tobytes()
+        else:
+            body = b""
         frame = _make_frame(command, self._headers, body)
         self._pos = nul + 1
         self._scan = 0
+        # _headers, _body_offset and _body_length are set again before their next use.
         self._command = None
-        self._headers = {}
-        self._body_length = -1
+        self._line_checked = False
+        return frame
+
+    def _start_large_body(self, buf: bytearray, body_start: int, end: int) -> None:
+        """Move the part of a large body that has arrived out of the buffer."""
+        parts: list[bytes] = []
+        if end > body_start:
+            view = self._view
+            if view is None:
+                view = self._view = memoryview(buf)
+            parts.append(view[body_start:end].tobytes())
+        self._parts = parts
+        self._parts_bytes = end - body_start
+        # The header block is parsed and the body gone: nothing buffered belongs to this frame.
+        self._pos = end
+
+    def _large_body(self, buf: bytearray, pos: int, end: int, command: Command) -> Frame | None:
+        """The frame of a large body once all of it and its NUL have arrived."""
+        parts = self._parts
+        assert parts is not None
+        if self._parts_bytes < self._body_length or pos >= end:
+            return None
+        if buf[pos] != 0:
+            raise self._refuse(
+                RemoteProtocolError(
+                    f"{command} frame is not terminated by NUL after its content-length octets"
+                )
+            )
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._parts = None
+        self._parts_bytes = 0
+        frame = _make_frame(command, self._headers, body)
+        self._pos = pos + 1
+        self._scan = 0
+        self._command = None
         self._line_checked = False
         return frame
 
@@ -346,9 +445,12 @@ class FrameParser:
             length = -1
             declared = headers.get("content-length")
             if declared is not None:
-                if not (declared.isascii() and declared.isdigit()):
+                if not (declared.isdigit() and declared.isascii()):
                     raise RemoteProtocolError(f"invalid content-length {_preview(declared)}")
-                if len(declared.lstrip("0")) > _MAX_LENGTH_DIGITS:
+                if (
+                    len(declared) > _MAX_LENGTH_DIGITS
+                    and len(declared.lstrip("0")) > _MAX_LENGTH_DIGITS
+                ):
                     raise FrameLimitExceeded(
                         "max_frame_bytes", limits.max_frame_bytes, "content-length too large"
                     )
