@@ -14,7 +14,7 @@ from sluice.errors import CorruptionError
 from sluice.spark.fetch import DataLossError, read_range
 from sluice.spark.journal import JournalFile, journal_files, read_journal_file
 from sluice.spark.offsets import NEXT_OFFSET_HEADER, OffsetRange, fetch_offsets, split_range
-from sluice.spark.options import OptionError, sink_options, source_options
+from sluice.spark.options import OptionError, journal_options, sink_options, source_options
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
 from sluice.store.api import StoredMessage
@@ -237,3 +237,38 @@ def test_journal_files_orders_archive_and_journal(tmp_path: Path) -> None:
     ]
     with pytest.raises(FileNotFoundError):
         journal_files(tmp_path / "missing")
+
+
+def test_journal_paths_are_made_absolute_where_the_read_is_planned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert journal_options({"path": "data"}).path == str(tmp_path / "data")
+    assert journal_options({"path": "./a/../data/"}).path == str(tmp_path / "data")
+    assert journal_options({"path": "/srv/sluice"}).path == "/srv/sluice"
+    assert journal_options({"path": "file:///srv/my%20data"}).path == "/srv/my data"
+    assert journal_options({"path": "file:/srv/data"}).path == "/srv/data"
+    with pytest.raises(OptionError, match="hdfs"):
+        journal_options({"path": "hdfs://namenode/sluice"})
+
+
+def test_journal_partitions_read_from_another_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("pyspark", reason="needs the spark extra")
+    from sluice.spark.journal_source import (  # noqa: PLC0415 - needs pyspark
+        SluiceJournalDataSource,
+        journal_schema,
+    )
+
+    (tmp_path / "planner" / "data" / "journal").mkdir(parents=True)
+    write_journal(tmp_path / "planner" / "data" / "journal" / "db-7.log")
+    (tmp_path / "executor").mkdir()
+    monkeypatch.chdir(tmp_path / "planner")
+    reader = SluiceJournalDataSource({"path": "data"}).reader(journal_schema())
+    partitions = reader.partitions()
+    assert [p.journal_file.name for p in partitions] == ["journal/db-7.log"]
+    # An executor runs the task in a directory of its own.
+    monkeypatch.chdir(tmp_path / "executor")
+    rows = [row for batch in reader.read(partitions[0]) for row in batch.to_pylist()]
+    assert len(rows) == 9
