@@ -15,10 +15,13 @@ from sluice.spark.fetch import DataLossError, read_range
 from sluice.spark.journal import JournalFile, journal_files, read_journal_file
 from sluice.spark.offsets import NEXT_OFFSET_HEADER, OffsetRange, fetch_offsets, split_range
 from sluice.spark.options import OptionError, journal_options, sink_options, source_options
+from sluice.spark.produce import DedupWindowExceeded, send_transaction
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
 from sluice.store.api import StoredMessage
 from sluice.store.journal import format as fmt
+
+from .helpers import drain_queue
 
 pytestmark = pytest.mark.spark
 
@@ -124,6 +127,40 @@ def test_expired_last_message_ends_the_range(spark_broker: RunningBroker) -> Non
     started = time.monotonic()
     assert offsets_read(spark_broker, topic, 1, 7, timeoutMs="20000") == [1, 2, 3, 4, 5]
     assert time.monotonic() - started < 10
+
+
+# -- sending a task's rows off Spark -----------------------------------------------------------
+
+
+def test_a_transaction_beyond_the_dedup_window_delivers_nothing(
+    spark_broker: RunningBroker,
+) -> None:
+    a, b = "/queue/units.window.a", "/queue/units.window.b"
+    options = sink_options({"broker": spark_broker.address, "destination": a, "dedupWindow": "5"})
+
+    def rows(to_a: int, to_b: int) -> list[tuple[str | None, None, bytes]]:
+        return [(None, None, b"a%d" % i) for i in range(to_a)] + [
+            (b, None, b"b%d" % i) for i in range(to_b)
+        ]
+
+    refused = r"limit dedupWindow=5 exceeded.*units\.window\.a"
+    with pytest.raises(DedupWindowExceeded, match=refused):
+        send_transaction(options, rows(6, 0), "units-window:")
+    assert drain_queue(spark_broker.address, a, 0, quiet_s=0.5) == []
+    # Nothing was committed, so no id is known: the same ids go through, 5 per destination.
+    result = send_transaction(options, rows(5, 5), "units-window:")
+    assert result.rows == 10
+    assert dict(result.per_destination) == {a: 5, b: 5}
+    assert sorted(f.body for f in drain_queue(spark_broker.address, a, 5, quiet_s=0.5)) == [
+        b"a%d" % i for i in range(5)
+    ]
+    assert len(drain_queue(spark_broker.address, b, 5, quiet_s=0.5)) == 5
+    # Sent again with the same ids (a retried task): the broker drops every one.
+    send_transaction(options, rows(5, 5), "units-window:")
+    assert drain_queue(spark_broker.address, a, 0, quiet_s=0.5) == []
+    assert drain_queue(spark_broker.address, b, 0, quiet_s=0.5) == []
+    with pytest.raises(OptionError, match="dedupWindow"):
+        sink_options({"dedupWindow": "0"})
 
 
 # -- the journal decoder ------------------------------------------------------------------------

@@ -224,7 +224,7 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
         passcode=opts.get("passcode"),
         persistent=_bool(opts, "persistent", True),
         write_id=_text(opts, "writeId"),
-        dedup_window=_int(opts, "dedupWindow", DEFAULT_DEDUP_WINDOW, 0) or 0,
+        dedup_window=_int(opts, "dedupWindow", DEFAULT_DEDUP_WINDOW, 1) or DEFAULT_DEDUP_WINDOW,
         timeout_ms=_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS, 1) or DEFAULT_TIMEOUT_MS,
     )
 
