@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -105,12 +106,19 @@ def test_expired_messages_are_holes_not_loss(spark_broker: RunningBroker) -> Non
     assert offsets_read(spark_broker, topic, 1, 13) == [1, 2, 5, 6, 7, 8, 10, 11, 12]
 
 
-def test_a_range_past_the_topic_end_is_loss(spark_broker: RunningBroker) -> None:
+def test_a_range_past_the_topic_end_is_loss(
+    spark_broker: RunningBroker, caplog: pytest.LogCaptureFixture
+) -> None:
     topic = "/topic/units.short"
     send(spark_broker, topic, 5)
     with pytest.raises(DataLossError, match="offsets 6 to 9"):
         offsets_read(spark_broker, topic, 1, 10)
-    assert offsets_read(spark_broker, topic, 1, 10, failOnDataLoss="false") == [1, 2, 3, 4, 5]
+    with caplog.at_level(logging.WARNING, logger="sluice.spark.fetch"):
+        assert offsets_read(spark_broker, topic, 1, 10, failOnDataLoss="false") == [1, 2, 3, 4, 5]
+    assert "offsets 6 to 9 of /topic/units.short are lost: the topic's last offset is 5" in (
+        caplog.text
+    )
+    assert "skipped, as failOnDataLoss=false" in caplog.text
 
 
 def broker_reports_cursor(broker: RunningBroker) -> bool:
