@@ -206,3 +206,49 @@ def test_a_stream_ahead_of_its_topic_fails_or_waits(
     finally:
         first.stop()
         replaced.stop()
+
+
+def test_a_running_stream_takes_batches_of_at_most_max_offsets_in_min_partitions(
+    spark: Any, spark_broker: RunningBroker, tmp_path: Path
+) -> None:
+    topic = "/topic/stream.trigger"
+    publish(spark_broker, topic, [b"t%d" % i for i in range(250)])
+    df = stream(
+        spark,
+        spark_broker.address,
+        topic,
+        startingOffsets="earliest",
+        maxOffsetsPerTrigger="100",
+        minPartitions="3",
+    )
+    batches: dict[int, list[tuple[int, int, int]]] = {}
+
+    def record(batch: Any, batch_id: int) -> None:
+        # (first offset, last offset, rows) of each partition the source made for this batch
+        parts = batch.groupBy(sf.spark_partition_id().alias("p")).agg(
+            sf.min("offset"), sf.max("offset"), sf.count("*")
+        )
+        batches[batch_id] = sorted((r[1], r[2], r[3]) for r in parts.collect())
+
+    query = (
+        df.writeStream.foreachBatch(record)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        publish(spark_broker, topic, [b"u%d" % i for i in range(120)])
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert query.exception() is None
+
+    ranges = [batches[i] for i in sorted(batches)]
+    assert ranges == [
+        [(1, 34, 34), (35, 67, 33), (68, 100, 33)],
+        [(101, 134, 34), (135, 167, 33), (168, 200, 33)],
+        [(201, 217, 17), (218, 234, 17), (235, 250, 16)],
+        [(251, 284, 34), (285, 317, 33), (318, 350, 33)],
+        [(351, 357, 7), (358, 364, 7), (365, 370, 6)],
+    ]
