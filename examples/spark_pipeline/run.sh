@@ -5,8 +5,9 @@
 #
 # Installs Sluice with its spark extra into .venv, starts a broker (journal store, free port),
 # publishes EVENTS sensor events (default 5000), runs the streaming job until it has read them
-# all (availableNow), prints the windows from Parquet and a few from the results queue, and
-# stops everything. Work files stay in a temporary directory, printed at the end.
+# all (availableNow), checks that every event is counted in exactly one window written to
+# Parquet (the job exits with 1 if not), prints a few windows from the results queue, and stops
+# everything. Work files stay in a temporary directory, printed at the end.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -51,7 +52,7 @@ echo "broker on $broker, data in $work/data"
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$venv/bin/python"
 "$venv/bin/python" "$here/producer.py" --broker "$broker" --events "$events"
 "$venv/bin/python" "$here/job.py" --broker "$broker" --work "$work" --master "local[2]" \
-    --available-now
+    --available-now --check
 
 echo "first results on /queue/pipeline.windows:"
 "$venv/bin/sluice" recv /queue/pipeline.windows --broker "$broker" -n 3 --timeout 5

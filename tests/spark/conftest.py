@@ -2,7 +2,8 @@
 
 Every test module starts with `pytest.importorskip("pyspark")`, and the `spark` fixture skips
 when no Java is found: without the `spark` extra or a JDK the tests are skipped, not failed.
-The session follows `docs/spark.md`: `local[2]`, no UI, two shuffle partitions, UTC, quiet logs.
+The session follows `docs/spark.md`: `local[2]` (with a second attempt for failed tasks), no UI,
+two shuffle partitions, UTC, quiet logs.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     os.environ.update(spark_environment())
     log_config = log4j_file(tmp_path_factory.mktemp("spark-conf"))
-    builder = SparkSession.builder.master("local[2]").appName("sluice-tests")
+    # Two threads, and a failed task gets a second attempt as on a cluster (spark.task.maxFailures
+    # is ignored in local mode): the retry tests need it.
+    builder = SparkSession.builder.master("local[2,2]").appName("sluice-tests")
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
     builder = builder.config(

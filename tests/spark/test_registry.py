@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ pytest.importorskip("pyspark", reason="needs the spark extra")
 
 import sluice.spark
 from conftest import RunningBroker
+from sluice.spark import registry
 from sluice.spark.source import SluiceDataSource
 
 from .helpers import publish
@@ -42,6 +44,9 @@ def test_registered_sources_share_a_concurrent_environment(spark: Any) -> None:
 def test_queries_started_together_leave_the_source_usable(
     spark: Any, spark_broker: RunningBroker, tmp_path: Path
 ) -> None:
+    # The race needs two driver threads inside the map's put at the same instant: this test can
+    # pass on a plain HashMap too. What pins the fix is the map's class (the test above); this
+    # one checks that concurrent starts on a fresh registration work and leave it consistent.
     topic = "/topic/registry.together"
     publish(spark_broker, topic, [b"t%d" % i for i in range(300)])
     sluice.spark.register(spark)  # a fresh environment: every runner adds its keys from scratch
@@ -103,3 +108,71 @@ def test_sessions_without_a_jvm_use_the_public_registration() -> None:
     session = _ConnectLikeSession()
     sluice.spark.register_data_source(session, SluiceDataSource)
     assert session.registered == [SluiceDataSource]
+
+
+class _RecordingSession:
+    """The test session, but the public registration only records what it is given."""
+
+    def __init__(self, spark: Any) -> None:
+        self._spark = spark
+        self.registered: list[type] = []
+        self.dataSource = self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._spark, name)
+
+    def register(self, source: type) -> None:
+        self.registered.append(source)
+
+
+class _ProbeSource(SluiceDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "sluice-registry-probe"
+
+
+class _ParquetSource(SluiceDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "parquet"
+
+
+@pytest.mark.parametrize(
+    "hook",
+    [
+        # No such class: py4j hands out a package, which cannot be called.
+        ("_DATA_SOURCE_CLASS", "org.apache.spark.sql.execution.datasources.v2.python.Missing"),
+        # The class exists but takes other arguments (a Py4JError from the constructor).
+        ("_DATA_SOURCE_CLASS", "java.lang.Thread"),
+        # No registration method of that name on the session.
+        ("_REGISTER_METHOD", "registerPythonSource"),
+    ],
+    ids=["missing-class", "other-constructor", "missing-method"],
+)
+def test_a_different_private_hook_falls_back_to_the_public_call(
+    spark: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    hook: tuple[str, str],
+) -> None:
+    monkeypatch.setattr(registry, *hook)
+    session = _RecordingSession(spark)
+    with caplog.at_level(logging.WARNING, logger=registry.__name__):
+        sluice.spark.register_data_source(session, _ProbeSource)
+    assert session.registered == [_ProbeSource]
+    assert "registering sluice-registry-probe with the public API" in caplog.text
+    assert (
+        not spark._jsparkSession.sessionState()
+        .dataSourceManager()
+        .dataSourceExists("sluice-registry-probe")
+    )
+
+
+def test_an_error_of_the_registration_itself_is_raised_not_retried(
+    spark: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    session = _RecordingSession(spark)
+    with pytest.raises(Exception, match="DATA_SOURCE_ALREADY_EXISTS"):
+        sluice.spark.register_data_source(session, _ParquetSource)
+    assert session.registered == []
+    assert "public API" not in caplog.text

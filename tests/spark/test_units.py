@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -14,11 +15,14 @@ from sluice.errors import CorruptionError
 from sluice.spark.fetch import DataLossError, read_range
 from sluice.spark.journal import JournalFile, journal_files, read_journal_file
 from sluice.spark.offsets import NEXT_OFFSET_HEADER, OffsetRange, fetch_offsets, split_range
-from sluice.spark.options import OptionError, sink_options, source_options
+from sluice.spark.options import OptionError, journal_options, sink_options, source_options
+from sluice.spark.produce import DedupWindowExceeded, send_transaction
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
 from sluice.store.api import StoredMessage
 from sluice.store.journal import format as fmt
+
+from .helpers import drain_queue
 
 pytestmark = pytest.mark.spark
 
@@ -102,12 +106,19 @@ def test_expired_messages_are_holes_not_loss(spark_broker: RunningBroker) -> Non
     assert offsets_read(spark_broker, topic, 1, 13) == [1, 2, 5, 6, 7, 8, 10, 11, 12]
 
 
-def test_a_range_past_the_topic_end_is_loss(spark_broker: RunningBroker) -> None:
+def test_a_range_past_the_topic_end_is_loss(
+    spark_broker: RunningBroker, caplog: pytest.LogCaptureFixture
+) -> None:
     topic = "/topic/units.short"
     send(spark_broker, topic, 5)
     with pytest.raises(DataLossError, match="offsets 6 to 9"):
         offsets_read(spark_broker, topic, 1, 10)
-    assert offsets_read(spark_broker, topic, 1, 10, failOnDataLoss="false") == [1, 2, 3, 4, 5]
+    with caplog.at_level(logging.WARNING, logger="sluice.spark.fetch"):
+        assert offsets_read(spark_broker, topic, 1, 10, failOnDataLoss="false") == [1, 2, 3, 4, 5]
+    assert "offsets 6 to 9 of /topic/units.short are lost: the topic's last offset is 5" in (
+        caplog.text
+    )
+    assert "skipped, as failOnDataLoss=false" in caplog.text
 
 
 def broker_reports_cursor(broker: RunningBroker) -> bool:
@@ -124,6 +135,40 @@ def test_expired_last_message_ends_the_range(spark_broker: RunningBroker) -> Non
     started = time.monotonic()
     assert offsets_read(spark_broker, topic, 1, 7, timeoutMs="20000") == [1, 2, 3, 4, 5]
     assert time.monotonic() - started < 10
+
+
+# -- sending a task's rows off Spark -----------------------------------------------------------
+
+
+def test_a_transaction_beyond_the_dedup_window_delivers_nothing(
+    spark_broker: RunningBroker,
+) -> None:
+    a, b = "/queue/units.window.a", "/queue/units.window.b"
+    options = sink_options({"broker": spark_broker.address, "destination": a, "dedupWindow": "5"})
+
+    def rows(to_a: int, to_b: int) -> list[tuple[str | None, None, bytes]]:
+        return [(None, None, b"a%d" % i) for i in range(to_a)] + [
+            (b, None, b"b%d" % i) for i in range(to_b)
+        ]
+
+    refused = r"limit dedupWindow=5 exceeded.*units\.window\.a"
+    with pytest.raises(DedupWindowExceeded, match=refused):
+        send_transaction(options, rows(6, 0), "units-window:")
+    assert drain_queue(spark_broker.address, a, 0, quiet_s=0.5) == []
+    # Nothing was committed, so no id is known: the same ids go through, 5 per destination.
+    result = send_transaction(options, rows(5, 5), "units-window:")
+    assert result.rows == 10
+    assert dict(result.per_destination) == {a: 5, b: 5}
+    assert sorted(f.body for f in drain_queue(spark_broker.address, a, 5, quiet_s=0.5)) == [
+        b"a%d" % i for i in range(5)
+    ]
+    assert len(drain_queue(spark_broker.address, b, 5, quiet_s=0.5)) == 5
+    # Sent again with the same ids (a retried task): the broker drops every one.
+    send_transaction(options, rows(5, 5), "units-window:")
+    assert drain_queue(spark_broker.address, a, 0, quiet_s=0.5) == []
+    assert drain_queue(spark_broker.address, b, 0, quiet_s=0.5) == []
+    with pytest.raises(OptionError, match="dedupWindow"):
+        sink_options({"dedupWindow": "0"})
 
 
 # -- the journal decoder ------------------------------------------------------------------------
@@ -237,3 +282,38 @@ def test_journal_files_orders_archive_and_journal(tmp_path: Path) -> None:
     ]
     with pytest.raises(FileNotFoundError):
         journal_files(tmp_path / "missing")
+
+
+def test_journal_paths_are_made_absolute_where_the_read_is_planned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert journal_options({"path": "data"}).path == str(tmp_path / "data")
+    assert journal_options({"path": "./a/../data/"}).path == str(tmp_path / "data")
+    assert journal_options({"path": "/srv/sluice"}).path == "/srv/sluice"
+    assert journal_options({"path": "file:///srv/my%20data"}).path == "/srv/my data"
+    assert journal_options({"path": "file:/srv/data"}).path == "/srv/data"
+    with pytest.raises(OptionError, match="hdfs"):
+        journal_options({"path": "hdfs://namenode/sluice"})
+
+
+def test_journal_partitions_read_from_another_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("pyspark", reason="needs the spark extra")
+    from sluice.spark.journal_source import (  # noqa: PLC0415 - needs pyspark
+        SluiceJournalDataSource,
+        journal_schema,
+    )
+
+    (tmp_path / "planner" / "data" / "journal").mkdir(parents=True)
+    write_journal(tmp_path / "planner" / "data" / "journal" / "db-7.log")
+    (tmp_path / "executor").mkdir()
+    monkeypatch.chdir(tmp_path / "planner")
+    reader = SluiceJournalDataSource({"path": "data"}).reader(journal_schema())
+    partitions = reader.partitions()
+    assert [p.journal_file.name for p in partitions] == ["journal/db-7.log"]
+    # An executor runs the task in a directory of its own.
+    monkeypatch.chdir(tmp_path / "executor")
+    rows = [row for batch in reader.read(partitions[0]) for row in batch.to_pylist()]
+    assert len(rows) == 9

@@ -8,6 +8,9 @@ executors inside the reader and writer objects.
 
 from __future__ import annotations
 
+import os
+import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,6 +44,7 @@ DEFAULT_TIMEOUT_MS = 30_000
 EARLIEST = "earliest"
 LATEST = "latest"
 _TOPIC_PREFIX = "/topic/"
+_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
 
@@ -98,7 +102,12 @@ class SinkOptions:
 
 @dataclass(frozen=True)
 class JournalOptions:
-    """Options of `spark.read.format("sluice-journal").load(path)`."""
+    """Options of `spark.read.format("sluice-journal").load(path)`.
+
+    `path` is absolute: a relative one is resolved against the working directory of the process
+    that plans the read (next to the driver), as executors run elsewhere, in directories of their
+    own.
+    """
 
     path: str
     fail_on_corruption: bool = False
@@ -215,7 +224,7 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
         passcode=opts.get("passcode"),
         persistent=_bool(opts, "persistent", True),
         write_id=_text(opts, "writeId"),
-        dedup_window=_int(opts, "dedupWindow", DEFAULT_DEDUP_WINDOW, 0) or 0,
+        dedup_window=_int(opts, "dedupWindow", DEFAULT_DEDUP_WINDOW, 1) or DEFAULT_DEDUP_WINDOW,
         timeout_ms=_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS, 1) or DEFAULT_TIMEOUT_MS,
     )
 
@@ -226,4 +235,18 @@ def journal_options(options: Mapping[str, str]) -> JournalOptions:
     path = _text(opts, "path")
     if path is None:
         raise OptionError('the journal reader needs a path: .load("/var/lib/sluice/data")')
-    return JournalOptions(path=path, fail_on_corruption=_bool(opts, "failOnCorruption", False))
+    return JournalOptions(
+        path=_local_path(path), fail_on_corruption=_bool(opts, "failOnCorruption", False)
+    )
+
+
+def _local_path(raw: str) -> str:
+    """The absolute file system path of `raw`: a path, or a `file:` URI."""
+    if raw.startswith("file:"):
+        raw = urllib.parse.unquote(urllib.parse.urlparse(raw).path)
+    elif _URI_SCHEME.match(raw):
+        raise OptionError(
+            f"the journal reader reads files, not {raw.split(':', 1)[0]}: URIs: give a path that "
+            "every node sees (a shared file system), got " + repr(raw[:80])
+        )
+    return os.path.abspath(raw)

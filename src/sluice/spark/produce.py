@@ -8,6 +8,13 @@ registered when the transaction commits, so an aborted attempt leaves nothing be
 committed one makes any later copy a duplicate. A row that brings its own `x-dedup-id` header
 keeps it.
 
+The window holds the last ids committed to a destination, so a transaction with more rows for
+one destination than the window evicts its own first ids as it commits, and a retry would send
+those rows again. Such a transaction is refused before its COMMIT: at the first row beyond
+`dedup_window` (the `dedupWindow` option, which must not exceed the broker's setting: the broker
+does not report it) `send_transaction` raises `DedupWindowExceeded` and drops the connection,
+and the broker discards the open transaction, so none of its rows is delivered.
+
 Sends are pipelined without receipts; the COMMIT's receipt says the whole transaction is in (on
 disk, for persistent messages). A connection lost before that receipt fails the task: the broker
 aborted the transaction or committed it, and in both cases Spark's retry is safe.
@@ -21,11 +28,19 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from sluice.errors import LimitExceeded
 from sluice.spark.options import OptionError, SinkOptions
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
 
-__all__ = ["DEDUP_HEADER", "TaskResult", "dedup_prefix", "send_transaction"]
+__all__ = [
+    "DEDUP_HEADER",
+    "DEDUP_WINDOW_OPTION",
+    "DedupWindowExceeded",
+    "TaskResult",
+    "dedup_prefix",
+    "send_transaction",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +61,25 @@ _RESERVED = frozenset(
         "redelivered",
     }
 )
+
+DEDUP_WINDOW_OPTION = "dedupWindow"
+
+
+class DedupWindowExceeded(LimitExceeded):
+    """One transaction has more rows for a destination than the broker's dedup window covers."""
+
+    def __init__(self, window: int, destination: str, prefix: str) -> None:
+        super().__init__(
+            DEDUP_WINDOW_OPTION,
+            window,
+            f"the task writing {prefix}* has more than {window} rows for {destination}, and the "
+            f"broker remembers the last {window} dedup ids of a destination "
+            "(limits.dedup_window): a retry could send its first rows again. Nothing of it was "
+            "committed. Spread the rows over more partitions (repartition), or raise the "
+            "broker's limits.dedup_window and this option together",
+        )
+        self.destination = destination
+
 
 OutgoingRow = tuple[str | None, Mapping[str, object] | None, bytes | str | None]
 """A row to send: (destination or None for the default, headers or None, body)."""
@@ -73,6 +107,7 @@ def send_transaction(options: SinkOptions, rows: Iterable[OutgoingRow], prefix: 
         return result
     default_destination = options.destination
     persistent = options.persistent
+    window = options.dedup_window
     counts = result.per_destination
     with WireSession.open(
         options.broker,
@@ -92,6 +127,10 @@ def send_transaction(options: SinkOptions, rows: Iterable[OutgoingRow], prefix: 
                     f"row {index} has no destination: give a destination column or the "
                     "destination option"
                 )
+            sent_there = counts[destination]
+            if sent_there >= window:
+                # Raised inside the session: it is dropped, and the broker aborts the transaction.
+                raise DedupWindowExceeded(window, destination, prefix)
             headers: dict[str, str] = {}
             if extra:
                 for key, value in extra.items():
@@ -110,7 +149,7 @@ def send_transaction(options: SinkOptions, rows: Iterable[OutgoingRow], prefix: 
             else:
                 data = bytes(body)
             session.send(Command.SEND, headers, data)
-            counts[destination] += 1
+            counts[destination] = sent_there + 1
             index += 1
             row = next(iterator, None)
         session.request(Command.COMMIT, {"transaction": tx})

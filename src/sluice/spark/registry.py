@@ -11,8 +11,16 @@ query of the session that uses the source.
 
 `register_data_source` registers the class the same way, but with a
 `java.util.concurrent.ConcurrentHashMap`: concurrent puts are safe, and its serialized form does not
-depend on a size read before the entries. Where the private PySpark hooks it needs are missing (a
-Spark Connect session, another PySpark release), it falls back to the public call and logs why.
+depend on a size read before the entries. It goes in two steps:
+
+1. prepare: pickle the class, build the JVM function and data source objects, and find
+   `DataSourceRegistration.registerPython(String, UserDefinedPythonDataSource)` by reflection.
+   Nothing here changes the session, so if any of it fails (a Spark Connect session without a
+   JVM, another PySpark release whose private hooks differ), the public call registers the class
+   instead and a warning says why;
+2. register: the one call that changes the session. Its errors are raised as they are, never
+   answered with the public call: Spark refused the name, or the JVM went away mid-call and what
+   it registered is unknown, and a second registration would only hide that.
 """
 
 from __future__ import annotations
@@ -25,24 +33,60 @@ log = logging.getLogger(__name__)
 _DATA_SOURCE_CLASS = (
     "org.apache.spark.sql.execution.datasources.v2.python.UserDefinedPythonDataSource"
 )
+_REGISTER_METHOD = "registerPython"
+
+
+def _preparation_errors() -> tuple[type[Exception], ...]:
+    """What a missing or different private hook raises while the registration is prepared."""
+    errors: tuple[type[Exception], ...] = (
+        AttributeError,
+        ImportError,
+        NotImplementedError,
+        TypeError,
+    )
+    try:
+        # Imported here: absent where PySpark has no JVM gateway (a Spark Connect client).
+        from py4j.protocol import (  # type: ignore[import-untyped,unused-ignore]  # noqa: PLC0415
+            Py4JError,
+        )
+    except ImportError:
+        return errors
+    return (*errors, Py4JError)
 
 
 def register_data_source(spark: Any, source: type) -> None:
     """Register the data source class `source` with `spark`, safe for concurrent queries."""
+    name = source.name()  # type: ignore[attr-defined]
     try:
-        wrapped = _wrap_with_concurrent_env(spark, source)
-    except (AttributeError, ImportError, NotImplementedError, TypeError) as exc:
+        registration, data_source = _prepare(spark, source)
+    except _preparation_errors() as exc:
         log.warning(
-            "registering %s with the public API (%s); queries started at the same time may hit "
-            "Spark's unsynchronized data source environment",
-            source.name(),  # type: ignore[attr-defined]
+            "registering %s with the public API (%s: %s); queries started at the same time may "
+            "hit Spark's unsynchronized data source environment",
+            name,
+            type(exc).__name__,
             exc,
         )
         spark.dataSource.register(source)
         return
+    getattr(registration, _REGISTER_METHOD)(name, data_source)
+
+
+def _prepare(spark: Any, source: type) -> tuple[Any, Any]:
+    """(the JVM `DataSourceRegistration` of `spark`, the data source to give it); no changes."""
     jvm = spark.sparkContext._jvm
-    data_source = getattr(jvm, _DATA_SOURCE_CLASS)(wrapped)
-    spark._jsparkSession.dataSource().registerPython(source.name(), data_source)  # type: ignore[attr-defined]
+    wrapped = _wrap_with_concurrent_env(spark, source)
+    data_source_class = getattr(jvm, _DATA_SOURCE_CLASS)
+    data_source = data_source_class(wrapped)
+    registration = spark._jsparkSession.dataSource()
+    wanted = ["java.lang.String", _DATA_SOURCE_CLASS]
+    for method in registration.getClass().getMethods():
+        if (
+            method.getName() == _REGISTER_METHOD
+            and [p.getName() for p in method.getParameterTypes()] == wanted
+        ):
+            return registration, data_source
+    raise AttributeError(f"no {_REGISTER_METHOD}({', '.join(wanted)}) on the session")
 
 
 def _wrap_with_concurrent_env(spark: Any, source: type) -> Any:

@@ -102,17 +102,24 @@ def _task_context() -> Any:
 
 
 def _warn_window(options: SinkOptions, batch: str, messages: list[Any]) -> None:
+    """Warn when a whole write sent more rows to a destination than the dedup window holds.
+
+    Each task stays within the window (`send_transaction` refuses more), but together they may
+    not: a replay of the whole write then finds its first ids gone from the broker's window. The
+    tasks have committed by now, so failing here would only make Spark replay it.
+    """
     totals: Counter[str] = Counter()
     for message in messages:
         if isinstance(message, SluiceCommitMessage):
             totals.update(message.per_destination)
     window = options.dedup_window
     for destination, rows in totals.items():
-        if window and rows > window:
+        if rows > window:
             logger.warning(
-                "%s: %d rows to %s, more than the dedup window of %d: if this write is "
-                "replayed, the oldest of its ids may have left the broker's window and be sent "
-                "again; raise the broker's limits.dedup_window (and the dedupWindow option)",
+                "%s: %d rows to %s, more than the dedup window of %d: a replay of the whole "
+                "write (a restart after a driver crash) would send its earliest rows again; "
+                "keep a write's rows per destination within the broker's limits.dedup_window "
+                "(maxOffsetsPerTrigger, for a stream) or raise it and the dedupWindow option",
                 batch,
                 rows,
                 destination,

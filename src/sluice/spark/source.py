@@ -207,7 +207,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
                 f"{self.options.topic} ends at offset {available - 1}, before the query's "
                 f"offset {begin}: was the topic deleted or the broker's store replaced?"
             )
-            if self.options.fail_on_data_loss and self._target is None:
+            if self.options.fail_on_data_loss:
                 raise DataLossError(message + " (set failOnDataLoss=false to wait instead)")
             logger.warning("%s; waiting for it to pass offset %d", message, begin)
             return start
