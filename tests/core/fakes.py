@@ -91,15 +91,25 @@ class FakeLink:
         return out
 
 
-class Harness:
-    """A broker on the memory store with a fake loop and a fake clock."""
+def paging_store() -> MemoryStore:
+    """A memory store the broker pages to as it would to the journal."""
+    store = MemoryStore()
+    store.pages_to_disk = True  # type: ignore[misc]
+    return store
 
-    def __init__(self, **overrides: dict[str, Any]) -> None:
+
+class Harness:
+    """A broker on the memory store with a fake loop and a fake clock. Pass `store` to share one
+    between harnesses: a second harness on it is the broker restarted after a crash."""
+
+    def __init__(self, store: MemoryStore | None = None, **overrides: dict[str, Any]) -> None:
         self.loop = FakeLoop()
         self.now = 1_000_000
         self.config = config_mod.load(env={}, overrides={"store": {"kind": "memory"}, **overrides})
-        self.broker = Broker(self.config, MemoryStore(), self.loop, now_ms=lambda: self.now)
+        self.store = MemoryStore() if store is None else store
+        self.broker = Broker(self.config, self.store, self.loop, now_ms=lambda: self.now)
         self.broker.open()
+        self.loop.run()
         self.receipts: list[str] = []
 
     def connect(self, client_id: str | None = None) -> tuple[BrokerConnection, FakeLink]:

@@ -86,14 +86,6 @@ class Producer(Protocol):
         ...
 
 
-class StreamOwner(Protocol):
-    """A connection sending live streams."""
-
-    def abort_streams(self, reason: str, older_than_ms: int | None = None) -> None:
-        """Abort its open streams (those idle since before `older_than_ms`, or all)."""
-        ...
-
-
 class TopicAttacher(Protocol):
     """A wildcard subscription: told about every new topic its pattern matches."""
 
@@ -145,8 +137,6 @@ class Broker:
         self._write_waiters: dict[Hashable, Producer] = {}
         self.recovery: Recovery | None = None
         self._sweep_timer: Cancellable | None = None
-        # Connections with live streams open (checked for idle streams by the sweep).
-        self.streaming: set[StreamOwner] = set()
         self.store_pages = bool(getattr(store, "pages_to_disk", True))
         self._overrides = [
             (kind, compile_pattern(short), override.policy)
@@ -188,6 +178,7 @@ class Broker:
             destination.dedup.extend(recovered.dedup_ids)
             if isinstance(destination, Queue):
                 destination.recovered_mark = recovered.dispatch_mark
+                destination.recovered_seq = recovered.last_seq
                 destination.wakeup()
             elif isinstance(destination, Topic):
                 destination.base_seq = destination.last_seq + 1
@@ -213,17 +204,23 @@ class Broker:
 
     def _sweep(self) -> None:
         """Expired messages go to their DLQ even when nobody consumes the queue; streams whose
-        producer went quiet past `stream_idle_timeout_s` are aborted."""
+        producer went quiet are aborted."""
         now_ms = self.now_ms()
         for destination in list(self.destinations.values()):
             if isinstance(destination, Queue) and destination.pending:
                 destination.expire(now_ms)
-        for owner in list(self.streaming):
-            owner.abort_streams(
-                "no chunk within stream_idle_timeout_s",
-                older_than_ms=now_ms - int(self.config.policy.stream_idle_timeout_s * 1000),
-            )
+        self.abort_idle_streams(now_ms)
         self._sweep_timer = self._loop.call_later(EXPIRY_SWEEP_INTERVAL_S, self._sweep)
+
+    def abort_idle_streams(self, now_ms: int) -> None:
+        """End with an abort marker every live stream of which no chunk came within its
+        destination's `stream_idle_timeout_s` (see `Destination.idle_streams`)."""
+        for destination in list(self.destinations.values()):
+            if destination.open_streams:
+                for stream_id in destination.idle_streams(now_ms):
+                    self.abort_stream(
+                        destination.name, stream_id, "no chunk within stream_idle_timeout_s"
+                    )
 
     # -- destinations ---------------------------------------------------------------------------
 
@@ -269,6 +266,7 @@ class Broker:
                 store_pages=self.store_pages,
             )
         destination.dedup.size = self.limits.dedup_window
+        destination.open_streams.limit = self.limits.max_open_streams_per_destination
         self.destinations[name] = destination
         if isinstance(destination, Topic):
             for attacher in self.wildcards.match(short):
@@ -286,6 +284,7 @@ class Broker:
         destination = self.destinations.get(destination_name)
         if destination is None:
             return
+        destination.open_streams.end(stream_id)
         headers = {
             GROUP_ID: stream_id,
             STREAM_ID: stream_id,
