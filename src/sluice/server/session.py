@@ -105,6 +105,10 @@ class StompSession(asyncio.Protocol):
         self.flow = FlowControl(self._pause_reading, self._resume_reading)
         self._out: list[bytes] = []
         self._flush_scheduled = False
+        # Bytes in `_out`: past the write high-water mark they are handed to the transport at
+        # once, so that a dispatch pass sees the connection stop being writable.
+        self._out_bytes = 0
+        self._flush_at_bytes = limits.write_buffer_high_bytes
         # Receipts wait in order behind the persistent sends before them.
         self._receipts: deque[_Receipt] = deque()
         self._max_receipts = limits.max_pending_receipts_per_connection
@@ -495,6 +499,10 @@ class StompSession(asyncio.Protocol):
             out.append(head + common)
             out.append(body)
             out.append(b"\x00")
+        self._out_bytes += len(head) + len(common) + len(body) + 1
+        if self._out_bytes >= self._flush_at_bytes:
+            self._flush()
+            return
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
@@ -513,6 +521,7 @@ class StompSession(asyncio.Protocol):
         if not out:
             return
         self._out = []
+        self._out_bytes = 0
         transport = self.transport
         if transport is None or transport.is_closing():
             return
