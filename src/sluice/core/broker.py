@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 ORIGINAL_DESTINATION = "x-original-destination"
 EXPIRY_SWEEP_INTERVAL_S = 5.0
+# The sweep runs at least twice per shortest stream_idle_timeout_s, but not more often than this.
+MIN_SWEEP_INTERVAL_S = 0.1
 DISK_CHECK_INTERVAL_S = 1.0
 DLQ_REASON = "x-dlq-reason"
 
@@ -137,6 +139,12 @@ class Broker:
         self._write_waiters: dict[Hashable, Producer] = {}
         self.recovery: Recovery | None = None
         self._sweep_timer: Cancellable | None = None
+        idle_timeouts = [config.policy.stream_idle_timeout_s] + [
+            override.policy.stream_idle_timeout_s for override in config.destinations
+        ]
+        self._sweep_interval_s = max(
+            MIN_SWEEP_INTERVAL_S, min(EXPIRY_SWEEP_INTERVAL_S, min(idle_timeouts) / 2)
+        )
         self.store_pages = bool(getattr(store, "pages_to_disk", True))
         self._overrides = [
             (kind, compile_pattern(short), override.policy)
@@ -188,7 +196,7 @@ class Broker:
             if isinstance(topic, Topic):
                 topic.restore_durable(sub)
         self.recovery = recovery
-        self._sweep_timer = self._loop.call_later(EXPIRY_SWEEP_INTERVAL_S, self._sweep)
+        self._sweep_timer = self._loop.call_later(self._sweep_interval_s, self._sweep)
         self._check_disk()
         return recovery
 
@@ -210,7 +218,7 @@ class Broker:
             if isinstance(destination, Queue) and destination.pending:
                 destination.expire(now_ms)
         self.abort_idle_streams(now_ms)
-        self._sweep_timer = self._loop.call_later(EXPIRY_SWEEP_INTERVAL_S, self._sweep)
+        self._sweep_timer = self._loop.call_later(self._sweep_interval_s, self._sweep)
 
     def abort_idle_streams(self, now_ms: int) -> None:
         """End with an abort marker every live stream of which no chunk came within its
