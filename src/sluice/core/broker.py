@@ -145,6 +145,7 @@ class Broker:
         self._sweep_interval_s = max(
             MIN_SWEEP_INTERVAL_S, min(EXPIRY_SWEEP_INTERVAL_S, min(idle_timeouts) / 2)
         )
+        self._next_expiry_ms = 0
         self.store_pages = bool(getattr(store, "pages_to_disk", True))
         self._overrides = [
             (kind, compile_pattern(short), override.policy)
@@ -214,9 +215,11 @@ class Broker:
         """Expired messages go to their DLQ even when nobody consumes the queue; streams whose
         producer went quiet are aborted."""
         now_ms = self.now_ms()
-        for destination in list(self.destinations.values()):
-            if isinstance(destination, Queue) and destination.pending:
-                destination.expire(now_ms)
+        if now_ms >= self._next_expiry_ms:
+            self._next_expiry_ms = now_ms + int(EXPIRY_SWEEP_INTERVAL_S * 1000)
+            for destination in list(self.destinations.values()):
+                if isinstance(destination, Queue) and destination.pending:
+                    destination.expire(now_ms)
         self.abort_idle_streams(now_ms)
         self._sweep_timer = self._loop.call_later(self._sweep_interval_s, self._sweep)
 

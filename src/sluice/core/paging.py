@@ -11,6 +11,7 @@ them, and groups nobody owns are taken in the order their first message arrived.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -55,15 +56,15 @@ def _credit(sub: Subscription) -> tuple[int, int]:
 
 
 class Evicted:
-    """Evicted messages of one queue: sequence -> (delivery count, bytes), per group (None for
-    messages without a group), at most `limit` in all."""
+    """Evicted messages of one queue: (seq, delivery count, bytes) per group (None for messages
+    without a group), in sequence order, at most `limit` in all."""
 
     __slots__ = ("_firsts", "_groups", "_size", "limit")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        # group -> {seq: (delivery count, bytes)}
-        self._groups: dict[str | None, SortedDict] = {}
+        # group -> [(seq, delivery count, bytes)], ascending (most are added in order).
+        self._groups: dict[str | None, list[tuple[int, int, int]]] = {}
         # The lowest evicted sequence of each named group -> the group.
         self._firsts: SortedDict = SortedDict()
         self._size = 0
@@ -74,27 +75,24 @@ class Evicted:
     def __bool__(self) -> bool:
         return self._size > 0
 
-    @property
-    def room(self) -> int:
-        """How many more entries fit."""
-        return self.limit - self._size
-
     def add(self, seq: int, group_id: str | None, delivery_count: int, nbytes: int) -> bool:
         """Remember an evicted message; False (nothing remembered) when the index is full."""
         if self._size >= self.limit:
             return False
-        entries = self._groups.get(group_id)
-        if entries is None:
-            entries = self._groups[group_id] = SortedDict()
-        elif seq in entries:
-            return True
-        old_first = entries.keys()[0] if entries else None
-        entries[seq] = (delivery_count, nbytes)
+        entry = (seq, delivery_count, nbytes)
+        entries = self._groups.setdefault(group_id, [])
+        if entries and seq > entries[-1][0]:
+            entries.append(entry)
+        else:
+            at = bisect.bisect_left(entries, (seq,))
+            if at < len(entries) and entries[at][0] == seq:
+                return True
+            entries.insert(at, entry)
+            if at == 0 and group_id is not None:
+                if len(entries) > 1:
+                    del self._firsts[entries[1][0]]
+                self._firsts[seq] = group_id
         self._size += 1
-        if group_id is not None and (old_first is None or seq < old_first):
-            if old_first is not None:
-                del self._firsts[old_first]
-            self._firsts[seq] = group_id
         return True
 
     def has(self, group_id: str | None) -> bool:
@@ -104,25 +102,22 @@ class Evicted:
     def blocks(self, group_id: str, seq: int) -> bool:
         """Is a message of `group_id` before `seq` evicted (so `seq` must wait for it)?"""
         entries = self._groups.get(group_id)
-        return entries is not None and entries.keys()[0] < seq
+        return entries is not None and entries[0][0] < seq
 
     def first(self, group_id: str | None) -> tuple[int, int, int] | None:
         """(seq, delivery count, bytes) of the group's lowest evicted message."""
         entries = self._groups.get(group_id)
-        if entries is None:
-            return None
-        seq, (count, nbytes) = entries.peekitem(0)
-        return seq, count, nbytes
+        return entries[0] if entries is not None else None
 
     def pop_first(self, group_id: str | None) -> None:
         """Forget the group's lowest evicted message (it is being read back)."""
         entries = self._groups[group_id]
-        seq, _ = entries.popitem(0)
+        seq = entries.pop(0)[0]
         self._size -= 1
         if group_id is not None:
             del self._firsts[seq]
             if entries:
-                self._firsts[entries.keys()[0]] = group_id
+                self._firsts[entries[0][0]] = group_id
         if not entries:
             del self._groups[group_id]
 
@@ -131,7 +126,7 @@ class Evicted:
         best: tuple[int, str | None] | None = None
         ungrouped = self._groups.get(None)
         if ungrouped is not None:
-            best = (ungrouped.keys()[0], None)
+            best = (ungrouped[0][0], None)
         if self._firsts:
             seq, group_id = self._firsts.peekitem(0)
             if best is None or seq < best[0]:
@@ -139,8 +134,9 @@ class Evicted:
         return best
 
     def groups_in_order(self) -> Iterator[str]:
-        """Named groups with evicted messages, by their lowest evicted sequence (a snapshot)."""
-        return iter(list(self._firsts.values()))
+        """Named groups with evicted messages, by their lowest evicted sequence. A live view:
+        stop iterating before changing the index."""
+        return iter(self._firsts.values())
 
 
 class QueuePaging(Destination):

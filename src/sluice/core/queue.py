@@ -400,7 +400,8 @@ class Queue(QueuePaging):
     # -- dispatch -------------------------------------------------------------------------------
 
     def _choose(self, message: Message, ready: list[Subscription]) -> Subscription | None:
-        """The consumer for this message (which the caller checks it `fits`, in order)."""
+        """The consumer for this message. For a group's owner or an exclusive consumer, the
+        caller checks that the message `fits` its credit (the next one must not overtake it)."""
         owner = self.exclusive_owner
         if owner is not None:
             return owner if owner in ready and owner.matches(message) else None
