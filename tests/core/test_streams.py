@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sluice.core.message import AckMode
+from sluice.errors import LimitExceeded
 
 from .fakes import FakeLink, Harness, paging_store
 
@@ -322,3 +325,17 @@ def test_streams_larger_than_memory_one_read_back_at_a_time_others_wait_on_disk(
     assert order == [(name, str(i)) for name in "ABC" for i in range(20)]
     assert peak <= limit + chunk_bytes
     assert queue.usage.used == 0
+
+
+def test_live_streams_per_destination_are_bounded() -> None:
+    h = Harness(limits={"max_open_streams_per_destination": 1})
+    a, _ = h.connect()
+    b, _ = h.connect()
+    _chunk(h, a, "S", 0)
+    headers = {"x-stream-id": "T", "x-stream-seq": "0", "x-dedup-id": "T:0"}
+    with pytest.raises(LimitExceeded, match="max_open_streams_per_destination"):
+        h.send(b, Q, b"T-0", headers=dict(headers), persistent=True)
+    assert h.broker.counters["limit_max_open_streams_per_destination"] == 1
+    _chunk(h, a, "S", 1, end=True)
+    h.send(b, Q, b"T-0", headers=dict(headers), persistent=True)  # its dedup id was not kept
+    assert h.broker.destinations[Q].depth == 3

@@ -150,11 +150,12 @@ class BrokerConnection:
                 broker.usage.add(message.nbytes)
             on_stored(None)
             return self._check_flow(destination, message)
-        if dedup_id is not None:
-            destination.dedup.add(dedup_id)
         stream_id = headers.get(STREAM_ID)
         if stream_id is not None:
+            # First: a chunk refused at a limit must not leave its dedup id behind.
             self._track_stream(destination, stream_id, closes_group(headers))
+        if dedup_id is not None:
+            destination.dedup.add(dedup_id)
         if message.persistent:
             broker.track_write(message)
 
