@@ -1,5 +1,6 @@
-"""Streams larger than the destination's memory limit, sent at the same time: the broker pages in
-what a consumer can take, other streams wait on disk, and memory stays bounded."""
+"""Streams larger than the destination's memory limit: sent at the same time, the broker pages in
+what a consumer can take, other streams wait on disk, and memory stays bounded; discarded, the rest
+of the stream goes to the DLQ from disk and the next stream follows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RunningBroker, start_broker
-from sluice.client import Client
+from sluice.client import Client, ConnectionLost
 from sluice.core.usage import Usage
 
 from .conftest import JOURNAL_FILE_BYTES, Q, payload
@@ -37,7 +38,7 @@ def peak_memory(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     return peaks
 
 
-def _broker(tmp_path: Path) -> RunningBroker:
+def _broker(tmp_path: Path, **policy: str) -> RunningBroker:
     return start_broker(
         store={
             "kind": "journal",
@@ -45,6 +46,7 @@ def _broker(tmp_path: Path) -> RunningBroker:
             "journal_file_bytes": JOURNAL_FILE_BYTES,
         },
         limits={"destination_memory_limit_bytes": MEMORY_LIMIT},
+        policy=policy,
     )
 
 
@@ -82,3 +84,36 @@ async def test_concurrent_streams_larger_than_memory_complete_in_bounded_memory(
     # Never more than the limit and a chunk or two: a chunk that arrives, or is read back, while
     # memory is just under the limit.
     assert peak_memory[Q] <= MEMORY_LIMIT + 2 * (CHUNK + KiB)
+
+
+async def test_discarded_stream_larger_than_memory_goes_to_the_dlq(tmp_path: Path) -> None:
+    broker = _broker(tmp_path, stream_policy="discard")
+    try:
+        data = payload(STREAM_BYTES)
+        async with await Client.connect(broker.address) as producer:
+            await producer.send_stream(Q, data, chunk_size=CHUNK, stream_id="S")
+            await producer.send_stream(Q, b"next", stream_id="T")
+        first = await Client.connect(broker.address, reconnect=False)
+        reader = await first.stream_reader(Q, prefetch_bytes=CREDIT).open()
+        stream = await reader.next_stream(timeout=5)
+        assert stream is not None
+        read = 0
+        while read < MEMORY_LIMIT:  # chunks 0-14 acknowledged, 15 read but not yet
+            read += len(await stream.read(CHUNK))
+        link = first._connector.link
+        assert link is not None
+        link.abort(ConnectionLost("killed by the test"))
+        await first.close()
+        async with await Client.connect(broker.address) as client:
+            async with client.stream_reader(Q) as second:
+                following = await second.next_stream(timeout=5)
+                assert following is not None
+                assert following.id == "T"
+                assert await following.read() == b"next"
+            dlq = await client.subscribe("/queue/DLQ.files", ack="auto")
+            seqs = []
+            while (message := await dlq.get(timeout=1)) is not None:
+                seqs.append(int(message.headers["x-stream-seq"]))
+        assert seqs == list(range(MEMORY_LIMIT // CHUNK - 1, STREAM_BYTES // CHUNK))
+    finally:
+        broker.stop()

@@ -523,6 +523,8 @@ class Queue(QueuePaging):
             )
             if closes_group(message.headers) and message.group_id is not None:
                 self.streams.closed(message.group_id)
+        if expired or discarded:
+            self.wakeup()  # what they held is free: read on
         if self.store_pages and self.usage.full and (hopeless or (skipped and not delivered)):
             # Memory is full: make room for what can go somewhere, dropping first what cannot
             # (and, if nothing could be delivered at all, whatever was not).
