@@ -341,6 +341,8 @@ class Queue(QueuePaging):
             del self.pending[key]
             self._drop(message)
             self.services.dead_letter(message, "expired")
+        if expired:
+            self.wakeup()  # what they held is free: read on
         return len(expired)
 
     # -- groups ---------------------------------------------------------------------------------
