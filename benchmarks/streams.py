@@ -303,16 +303,18 @@ def kill_run(args: argparse.Namespace, broker: Broker) -> dict[str, Any]:
     # (offset, bytes) of every chunk that reached the first consumer's subscription.
     received: dict[int, int] = {}
     read = 0
+    killed = False
     assert first.stdout is not None
     for line in first.stdout:
         if line.startswith("got "):
             _, offset, size = line.split()
             received[int(offset)] = int(size)
-        elif line.startswith("pos ") and read < args.size // 2:
+        elif line.startswith("pos "):
             read = int(line.split()[1])
-            if read >= args.size // 2:
+            if read >= args.size // 2 and not killed:
                 first.send_signal(signal.SIGKILL)
-                # Read on to the end of the pipe: the chunks it got before it died.
+                killed = True
+                # Read on to the end of the pipe: what it did before it died.
     first.wait()
     second = _role(args, "consumer", broker)
     assert second.stdout is not None
