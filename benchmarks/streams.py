@@ -15,12 +15,15 @@ In one run:
    sent to the last byte read, set against the sequential write rate;
 4. kill run: the same, with the consumer killed with SIGKILL once it has read half, and a second
    consumer started at once to finish. The second regenerates the first `resumed_at` bytes to
-   seed the SHA-256, so the check still covers the whole stream. "Bytes delivered twice" is what
-   the first consumer had received (read, plus buffered in its subscription) beyond the second
-   one's `resumed_at`;
+   seed the SHA-256, so the check still covers the whole stream. "Bytes delivered twice" is
+   exact: every consumer reports each chunk as it reaches its subscription (`got OFFSET BYTES`),
+   and the figure is the bytes of the chunks the first consumer had received at or after the
+   second one's `resumed_at`, all of which the second receives again (what sat in socket buffers
+   and never reached the first is not counted). The target is at most `--prefetch-bytes`;
 
 and, for both runs, the broker's peak resident memory, sampled from /proc/PID/status (VmRSS)
-every 50 ms. The roles run as subprocesses of this script (`--role producer|consumer`).
+every 50 ms. The sequential write rate and the broker's peak RSS come from the same run as the
+stream figures. The roles run as subprocesses of this script (`--role producer|consumer`).
 """
 
 from __future__ import annotations
@@ -116,30 +119,50 @@ def role_producer(args: argparse.Namespace) -> None:
     )
 
 
+class _Lines:
+    """Whole lines on stdout from two threads (the client's loop and the reader)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+
 def role_consumer(args: argparse.Namespace) -> None:
-    """Read one stream; print `pos <bytes read> <bytes buffered>` per chunk, then a summary."""
+    """Read one stream. Print `got <offset> <bytes>` for each chunk as it reaches the
+    subscription, `pos <bytes read>` as the application reads, then a summary."""
     from sluice.client import BlockingClient  # noqa: PLC0415
 
+    say = _Lines()
     with BlockingClient(args.broker) as client:
         with client.stream_reader(QUEUE, prefetch_bytes=args.prefetch_bytes) as reader:
-            print("ready", flush=True)
-            stream = reader.next_stream(timeout=600)
-            assert stream is not None
-            print(f"start {stream.resumed_at} {time.time()}", flush=True)
-            if stream.resumed_at:
-                stream.seed_sha256(prefix_sha256(stream.resumed_at, args.chunk_size))
             subscription = reader.aio.subscription
             assert subscription is not None
+            deliver = subscription.deliver
+
+            def arrived(message: Any) -> bool:
+                say(f"got {message.headers.get('x-stream-offset', -1)} {len(message.body)}")
+                return deliver(message)
+
+            subscription.deliver = arrived  # type: ignore[method-assign]
+            say("ready")
+            stream = reader.next_stream(timeout=600)
+            assert stream is not None
+            say(f"start {stream.resumed_at} {time.time()}")
+            if stream.resumed_at:
+                stream.seed_sha256(prefix_sha256(stream.resumed_at, args.chunk_size))
             received = stream.resumed_at
             for piece in stream:
                 received += len(piece)
-                print(f"pos {received} {subscription.queued_bytes}", flush=True)
+                say(f"pos {received}")
             verified = stream.verified
-        print(
+        say(
             json.dumps(
                 {"received": received, "verified": verified, "end": time.time(), "cpu_s": _cpu_s()}
-            ),
-            flush=True,
+            )
         )
 
 
@@ -277,15 +300,21 @@ def kill_run(args: argparse.Namespace, broker: Broker) -> dict[str, Any]:
     _wait_line(first, "ready")
     producer = _role(args, "producer", broker, stream_id="killed")
     started = float(_wait_line(producer, "begin").split()[1])
-    received = 0
+    # (offset, bytes) of every chunk that reached the first consumer's subscription.
+    received: dict[int, int] = {}
+    read = 0
+    killed = False
     assert first.stdout is not None
     for line in first.stdout:
-        if line.startswith("pos "):
-            _, read, buffered = line.split()
-            received = max(received, int(read) + int(buffered))
-            if int(read) >= args.size // 2:
+        if line.startswith("got "):
+            _, offset, size = line.split()
+            received[int(offset)] = int(size)
+        elif line.startswith("pos "):
+            read = int(line.split()[1])
+            if read >= args.size // 2 and not killed:
                 first.send_signal(signal.SIGKILL)
-                break
+                killed = True
+                # Read on to the end of the pipe: what it did before it died.
     first.wait()
     second = _role(args, "consumer", broker)
     assert second.stdout is not None
@@ -300,13 +329,18 @@ def kill_run(args: argparse.Namespace, broker: Broker) -> dict[str, Any]:
     consumed = json.loads(last)
     _summary(producer)
     seconds = consumed["end"] - started
+    # The second consumer receives every chunk from `resumed_at` on: those the first had
+    # received too were delivered twice.
+    twice = sum(size for offset, size in received.items() if offset >= resumed_at)
     return {
         "seconds": round(seconds, 2),
         "mb_per_s": round(args.size / seconds / 1e6, 1),
-        "first_consumer_received": received,
+        "first_consumer_read": read,
+        "first_consumer_received": max((o + n for o, n in received.items()), default=0),
         "resumed_at": resumed_at,
-        "delivered_twice_bytes": received - resumed_at,
+        "delivered_twice_bytes": twice,
         "prefetch_bytes": args.prefetch_bytes,
+        "delivered_twice_within_credit": twice <= args.prefetch_bytes,
         "verified": consumed["verified"],
         "broker_peak_rss_mib": round(broker.peak_rss / MIB, 1),
     }
@@ -337,6 +371,10 @@ def drive(args: argparse.Namespace) -> dict[str, Any]:
         if not args.no_kill:
             print("kill run: consumer killed at half", file=sys.stderr)
             result["kill"] = kill_run(args, broker)
+            result["kill"]["of_seq_write"] = round(result["kill"]["mb_per_s"] / seq.mb_per_s, 2)
+        result["broker_peak_rss_mib"] = max(
+            run["broker_peak_rss_mib"] for run in (result["plain"], result.get("kill", {})) if run
+        )
     return result
 
 

@@ -71,6 +71,8 @@ class Limits:
     max_transaction_messages: int = 1_000_000
     max_transaction_held_bytes: int = 256 * MiB
     max_open_streams_per_connection: int = 1000
+    # Live streams a destination tracks for the idle abort (those whose end has not come).
+    max_open_streams_per_destination: int = 10_000
     max_pending_receipts_per_connection: int = 10_000
     # Whole broker, messages held in memory (queued, paged in, in flight).
     memory_limit_bytes: int = 1 * GiB

@@ -91,8 +91,16 @@ class FakeLink:
         return out
 
 
+def paging_store() -> MemoryStore:
+    """A memory store the broker pages to as it would to the journal."""
+    store = MemoryStore()
+    store.pages_to_disk = True  # type: ignore[misc]
+    return store
+
+
 class Harness:
-    """A broker on the memory store with a fake loop and a fake clock."""
+    """A broker on the memory store with a fake loop and a fake clock. Pass `message_store` to
+    share one between harnesses: a second harness on it is the broker restarted after a crash."""
 
     def __init__(self, message_store: MessageStore | None = None, **overrides: Any) -> None:
         self.loop = FakeLoop()
@@ -101,6 +109,7 @@ class Harness:
         self.store = message_store if message_store is not None else MemoryStore()
         self.broker = Broker(self.config, self.store, self.loop, now_ms=lambda: self.now)
         self.broker.open()
+        self.loop.run()
         self.receipts: list[str] = []
 
     def connect(self, client_id: str | None = None) -> tuple[BrokerConnection, FakeLink]:

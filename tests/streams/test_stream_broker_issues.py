@@ -25,10 +25,10 @@ async def test_stream_of_a_producer_paused_by_flow_control_is_not_aborted_as_idl
             await asyncio.to_thread(
                 wait_until, lambda: broker.stats().get("flow_paused_memory", 0) > 0
             )
-            # The producer is alive and willing; only the broker holds it back. Let the
-            # idle timeout pass, then run the broker's sweep (it also runs every 5 s).
-            await asyncio.sleep(0.5)
-            broker.call(broker.server.broker._sweep)
+            # The producer is alive and willing; only the broker holds it back. Run the sweep
+            # as if ten idle timeouts had passed.
+            core = broker.server.broker
+            broker.call(lambda: core.abort_idle_streams(core.now_ms() + 3_000))
             aborted = broker.stats().get("streams_aborted", 0)
             async with await Client.connect(broker.address) as consumer:
                 async with consumer.stream_reader(Q) as reader:

@@ -12,9 +12,16 @@ from pathlib import Path
 import pytest
 
 from brokerproc import BrokerProcess
-from sluice.client import Client, ClientError, InboundStream, StreamProgress, StreamResume
+from sluice.client import (
+    Client,
+    ClientError,
+    InboundStream,
+    StreamAborted,
+    StreamProgress,
+    StreamResume,
+)
 
-from .conftest import JOURNAL_FILE_BYTES, Q, payload, sha
+from .conftest import JOURNAL_FILE_BYTES, Q, RawProducer, payload, sha
 
 CHUNK = 64 * 1024
 BROKER_TOML = f"""
@@ -107,5 +114,35 @@ async def test_broker_killed_mid_stream_completes_after_restart(tmp_path: Path) 
                 assert got[: stream.resumed_at] + rest == data
                 assert stream.verified
                 assert await reader.next_stream(timeout=0.3) is None
+    finally:
+        process.kill()
+
+
+@pytest.mark.crash
+async def test_broker_killed_mid_stream_whose_producer_never_returns_aborts_it(
+    tmp_path: Path,
+) -> None:
+    config = BROKER_TOML + "[policy]\nstream_idle_timeout_s = 1.0\n"
+    data = payload(2 * CHUNK)
+    process = BrokerProcess(config, tmp_path).start()
+    try:
+        raw = RawProducer(process.port)
+        raw.chunk("S", 0, 0, data[:CHUNK])
+        raw.chunk("S", 1, CHUNK, data[CHUNK:])  # receipted: on disk
+        process.kill()  # no disconnect seen, no abort marker written
+        raw.close()
+        process = BrokerProcess(config, tmp_path).start()
+        async with await Client.connect(f"127.0.0.1:{process.port}") as client:
+            async with client.stream_reader(Q) as reader:
+                stream = await reader.next_stream(timeout=10)
+                assert stream is not None
+                assert await _read(stream, len(data)) == data
+                # The producer never comes back: its stream is ended, the reader not left
+                # waiting (and free for the next stream).
+                async with asyncio.timeout(10):
+                    with pytest.raises(StreamAborted, match="stream_idle_timeout_s") as info:
+                        await stream.read()
+                assert info.value.offset == len(data)
+                assert await reader.next_stream(timeout=0.2) is None
     finally:
         process.kill()

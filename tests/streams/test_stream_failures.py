@@ -4,15 +4,18 @@ store: the reader resumes, restarts, or moves on, and raises instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import RunningBroker
 from sluice.client import (
     Client,
+    ClientError,
     ConnectionLost,
     InboundStream,
     StreamAborted,
@@ -21,7 +24,7 @@ from sluice.client import (
     StreamResume,
 )
 
-from .conftest import Q, RawProducer, journal_broker, payload
+from .conftest import Q, RawProducer, journal_broker, payload, wait_until
 
 CHUNK = 1000
 
@@ -91,6 +94,120 @@ async def test_consumer_death_resumes_at_the_first_unacknowledged_chunk(
             assert stream.verified is (seed == "right")
             assert stream.sha256 == sent.sha256
     assert jbroker.stats()["memory_used_bytes"] == 0
+
+
+def _queue(broker: RunningBroker) -> Any:
+    return broker.server.broker.destinations[Q]
+
+
+async def _reader_dies_waiting_for_chunk_1(broker: RunningBroker, data: bytes) -> None:
+    """A reader reads chunk 0, asks for more (which acknowledges chunk 0) and dies while it
+    waits for chunk 1: nothing of the stream is in flight when it goes."""
+    client = await _connect(broker, reconnect=False)
+    reader = await client.stream_reader(Q, prefetch_bytes=3 * CHUNK).open()
+    stream = await reader.next_stream(timeout=5)
+    assert stream is not None
+    assert await _read(stream, CHUNK) == data[:CHUNK]
+    waiting = asyncio.create_task(stream.read())
+    queue = _queue(broker)
+    await asyncio.to_thread(
+        wait_until,
+        lambda: broker.call(lambda: not any(s.inflight for s in queue.subscriptions)),
+        what="the acknowledgement of chunk 0",
+    )
+    _die(client)
+    with contextlib.suppress(ClientError):
+        await waiting
+    await client.close()
+
+
+@pytest.mark.parametrize("on_gap", ["raise", "skip"])
+async def test_reader_gone_between_chunks_the_next_reader_resumes(
+    jbroker: RunningBroker, on_gap: str
+) -> None:
+    data = payload(3 * CHUNK)
+    raw = RawProducer(jbroker.port)
+    raw.chunk("S", 0, 0, data[:CHUNK])
+    await _reader_dies_waiting_for_chunk_1(jbroker, data)
+    raw.chunk("S", 1, CHUNK, data[CHUNK : 2 * CHUNK])
+    raw.chunk("S", 2, 2 * CHUNK, data[2 * CHUNK :], end=data)
+    raw.close()
+    async with await _connect(jbroker) as client:
+        async with client.stream_reader(Q, on_gap=on_gap) as reader:
+            stream = await reader.next_stream(timeout=5)
+            assert stream is not None
+            assert stream.id == "S"
+            assert stream.resumed_at == CHUNK
+            assert stream.headers["x-stream-resume"] == "true"
+            assert await _rest(stream) == data[CHUNK:]
+            assert reader.skipped_chunks == 0
+    assert jbroker.stats()["memory_used_bytes"] == 0
+
+
+async def test_reader_gone_between_chunks_discard_moves_the_rest_to_the_dlq(
+    tmp_path: Path,
+) -> None:
+    broker = journal_broker(tmp_path, stream_policy="discard")
+    try:
+        data = payload(3 * CHUNK)
+        raw = RawProducer(broker.port)
+        raw.chunk("S", 0, 0, data[:CHUNK])
+        await _reader_dies_waiting_for_chunk_1(broker, data)
+        raw.chunk("S", 1, CHUNK, data[CHUNK : 2 * CHUNK])
+        raw.chunk("S", 2, 2 * CHUNK, data[2 * CHUNK :], end=data)
+        raw.stream("T", b"next", CHUNK)
+        raw.close()
+        async with await _connect(broker) as client:
+            async with client.stream_reader(Q) as reader:
+                stream = await reader.next_stream(timeout=5)
+                assert stream is not None
+                assert stream.id == "T"
+                assert await _rest(stream) == b"next"
+            dlq = await client.subscribe("/queue/DLQ.files", ack="auto")
+            seqs = []
+            while (message := await dlq.get(timeout=1)) is not None:
+                assert message.headers["x-stream-id"] == "S"
+                assert "stream_policy=discard" in message.headers["x-dlq-reason"]
+                seqs.append(int(message.headers["x-stream-seq"]))
+            assert seqs == [1, 2]
+    finally:
+        broker.stop()
+
+
+async def test_bytes_delivered_twice_are_at_most_the_byte_credit(jbroker: RunningBroker) -> None:
+    # Three chunks and their headers fit in the credit, a fourth does not.
+    credit = 3 * CHUNK + 800
+    data = payload(12 * CHUNK)
+    async with await _connect(jbroker) as producer:
+        await producer.send_stream(Q, data, chunk_size=CHUNK, stream_id="S")
+    first = await _connect(jbroker, reconnect=False)
+    reader = await first.stream_reader(Q, prefetch_bytes=credit).open()
+    stream = await reader.next_stream(timeout=5)
+    assert stream is not None
+    await _read(stream, 2 * CHUNK + CHUNK // 2)  # chunks 0 and 1 acknowledged, 2 being read
+    queue = _queue(jbroker)
+
+    sent_unacknowledged: list[int] = []  # bytes of the chunks the first reader may lose
+
+    def credit_filled() -> bool:
+        queue.dispatch()  # whatever the broker would send now is sent
+        inflight = [m for s in queue.subscriptions for m in s.inflight.values()]
+        if not inflight or min(int(m.headers["x-stream-seq"]) for m in inflight) != 2:
+            return False  # the acknowledgement of chunk 1 is not there yet
+        sent_unacknowledged[:] = [len(m.body) for m in inflight]
+        return True
+
+    await asyncio.to_thread(wait_until, lambda: jbroker.call(credit_filled))
+    _die(first)
+    await first.close()
+    async with await _connect(jbroker) as client:
+        async with client.stream_reader(Q, prefetch_bytes=credit) as second:
+            resumed = await second.next_stream(timeout=5)
+            assert resumed is not None
+            # Everything from the first unacknowledged chunk comes again.
+            assert resumed.resumed_at == 2 * CHUNK
+            assert await _rest(resumed) == data[2 * CHUNK :]
+    assert 0 < sum(sent_unacknowledged) <= credit
 
 
 async def test_restart_policy_starts_again_from_chunk_zero(tmp_path: Path) -> None:
@@ -274,7 +391,6 @@ async def test_lost_consumer_connection_fails_the_stream_then_resumes(
             assert await _rest(resumed) == data[resumed.resumed_at :]
 
 
-@pytest.mark.slow
 async def test_idle_producer_stream_is_aborted(tmp_path: Path) -> None:
     broker = journal_broker(tmp_path, stream_idle_timeout_s=0.2)
     try:

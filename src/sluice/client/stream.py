@@ -45,6 +45,7 @@ __all__ = [
     "STREAM_LENGTH",
     "STREAM_NAME",
     "STREAM_OFFSET",
+    "STREAM_RESUME",
     "STREAM_SEQ",
     "STREAM_SHA256",
     "STREAM_SIZE",
@@ -67,6 +68,8 @@ STREAM_LENGTH = "x-stream-length"
 STREAM_SHA256 = "x-stream-sha256"
 STREAM_ABORT = "x-stream-abort"
 STREAM_ABORT_REASON = "x-stream-abort-reason"
+# Set by the broker on the first chunk a consumer gets of a stream another consumer left midway.
+STREAM_RESUME = "x-stream-resume"
 # Ours, on every chunk when known: the stream's name (a file's base name) and its announced size,
 # a hint for progress bars (the end chunk's x-stream-length is what is checked).
 STREAM_NAME = "x-stream-name"
@@ -85,6 +88,7 @@ RESERVED_HEADERS = frozenset(
         STREAM_SHA256,
         STREAM_ABORT,
         STREAM_ABORT_REASON,
+        STREAM_RESUME,
         GROUP_ID,
         "JMSXGroupSeq",
         DEDUP_ID,

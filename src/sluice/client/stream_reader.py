@@ -5,10 +5,12 @@
 than the credit ahead. It yields `InboundStream`s, read with `read`, `readinto` or `async for`.
 
 Checks. The first chunk the reader sees of a stream is either chunk 0, or carries the resume mark
-(`redelivered:true` with an `x-stream-offset`: an earlier consumer died and this one continues),
-or continues a stream this reader was told to expect at exactly that offset (`expect`; the reader
-expects by itself every stream it saw aborted). Each next chunk must have the next `x-stream-seq`
-and, when given, the next `x-stream-offset`. The end chunk's `x-stream-length` and
+(an `x-stream-offset` with `x-stream-resume:true`, which the broker sets on the first chunk it
+delivers of a stream another consumer left in the middle, or with `redelivered:true`: an earlier
+consumer died and this one continues), or continues a stream this reader was told to expect at
+exactly that offset (`expect`; the reader expects by itself every stream it saw aborted). Each next
+chunk must have the next `x-stream-seq` and, when given, the next `x-stream-offset`. The end
+chunk's `x-stream-length` and
 `x-stream-sha256` are checked before any of its bytes are handed out; the SHA-256 covers the
 whole stream only if it started at 0, or if the application gave the hash of the bytes before
 `resumed_at` (`InboundStream.seed_sha256`). A chunk that fails a check is never handed out: with
@@ -46,7 +48,7 @@ from sluice.client.errors import (
 )
 from sluice.client.inbound import InboundStream
 from sluice.client.message import AckMode, Message
-from sluice.client.stream import STREAM_ID
+from sluice.client.stream import STREAM_ID, STREAM_RESUME
 from sluice.client.subscription import Subscription
 from sluice.config import MiB
 from sluice.errors import ClientError
@@ -269,11 +271,14 @@ class StreamReader:
                 return None
         elif chunk.offset is not None and self._expected.get(chunk.stream_id) == chunk.offset:
             continued = True
-        elif not (message.redelivered and chunk.offset is not None):
+        elif chunk.offset is None or not (
+            message.redelivered or message.headers.get(STREAM_RESUME) == "true"
+        ):
             await self._out_of_place(
                 message,
                 chunk,
-                "is a mid-stream chunk without the resume mark (redelivered, x-stream-offset)",
+                "is a mid-stream chunk without the resume mark "
+                "(x-stream-resume or redelivered, with x-stream-offset)",
                 StreamOutOfOrder,
             )
             return None

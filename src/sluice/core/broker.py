@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 ORIGINAL_DESTINATION = "x-original-destination"
 # Expiry, idle streams and time-based topic retention are checked on one broker-wide timer.
 EXPIRY_SWEEP_INTERVAL_S = 5.0
+# The sweep runs at least twice per shortest stream_idle_timeout_s, but not more often than this.
+MIN_SWEEP_INTERVAL_S = 0.1
 DISK_CHECK_INTERVAL_S = 1.0
 DLQ_REASON = "x-dlq-reason"
 
@@ -84,14 +86,6 @@ class Producer(Protocol):
 
     def resume_producer(self, reason: FlowReason) -> None:
         """Read again."""
-        ...
-
-
-class StreamOwner(Protocol):
-    """A connection sending live streams."""
-
-    def abort_streams(self, reason: str, older_than_ms: int | None = None) -> None:
-        """Abort its open streams (those idle since before `older_than_ms`, or all)."""
         ...
 
 
@@ -149,8 +143,13 @@ class Broker:
         self.store_failed = False
         self.recovery: Recovery | None = None
         self._sweep_timer: Cancellable | None = None
-        # Connections with live streams open (checked for idle streams by the sweep).
-        self.streaming: set[StreamOwner] = set()
+        idle_timeouts = [config.policy.stream_idle_timeout_s] + [
+            override.policy.stream_idle_timeout_s for override in config.destinations
+        ]
+        self._sweep_interval_s = max(
+            MIN_SWEEP_INTERVAL_S, min(EXPIRY_SWEEP_INTERVAL_S, min(idle_timeouts) / 2)
+        )
+        self._next_expiry_ms = 0
         self.store_pages = bool(getattr(store, "pages_to_disk", True))
         self._overrides = [
             (kind, compile_pattern(short), override.policy)
@@ -198,6 +197,7 @@ class Broker:
             destination.dedup.extend(recovered.dedup_ids)
             if isinstance(destination, Queue):
                 destination.recovered_mark = recovered.dispatch_mark
+                destination.recovered_seq = recovered.last_seq
                 destination.wakeup()
             elif isinstance(destination, Topic):
                 destination.base_seq = destination.last_seq + 1
@@ -207,7 +207,7 @@ class Broker:
             if isinstance(topic, Topic):
                 topic.restore_durable(sub)
         self.recovery = recovery
-        self._sweep_timer = self._loop.call_later(EXPIRY_SWEEP_INTERVAL_S, self._sweep)
+        self._sweep_timer = self._loop.call_later(self._sweep_interval_s, self._sweep)
         self._check_disk()
         return recovery
 
@@ -226,18 +226,26 @@ class Broker:
         let go of what their time retention no longer keeps even when nothing is published;
         streams whose producer went quiet past `stream_idle_timeout_s` are aborted."""
         now_ms = self.now_ms()
+        if now_ms >= self._next_expiry_ms:
+            self._next_expiry_ms = now_ms + int(EXPIRY_SWEEP_INTERVAL_S * 1000)
+            for destination in list(self.destinations.values()):
+                if isinstance(destination, Queue):
+                    if destination.pending:
+                        destination.expire(now_ms)
+                elif isinstance(destination, Topic):
+                    destination.sweep(now_ms)
+        self.abort_idle_streams(now_ms)
+        self._sweep_timer = self._loop.call_later(self._sweep_interval_s, self._sweep)
+
+    def abort_idle_streams(self, now_ms: int) -> None:
+        """End with an abort marker every live stream of which no chunk came within its
+        destination's `stream_idle_timeout_s` (see `Destination.idle_streams`)."""
         for destination in list(self.destinations.values()):
-            if isinstance(destination, Queue):
-                if destination.pending:
-                    destination.expire(now_ms)
-            elif isinstance(destination, Topic):
-                destination.sweep(now_ms)
-        for owner in list(self.streaming):
-            owner.abort_streams(
-                "no chunk within stream_idle_timeout_s",
-                older_than_ms=now_ms - int(self.config.policy.stream_idle_timeout_s * 1000),
-            )
-        self._sweep_timer = self._loop.call_later(EXPIRY_SWEEP_INTERVAL_S, self._sweep)
+            if destination.open_streams:
+                for stream_id in destination.idle_streams(now_ms):
+                    self.abort_stream(
+                        destination.name, stream_id, "no chunk within stream_idle_timeout_s"
+                    )
 
     # -- destinations ---------------------------------------------------------------------------
 
@@ -283,6 +291,7 @@ class Broker:
                 store_pages=self.store_pages,
             )
         destination.dedup.size = self.limits.dedup_window
+        destination.open_streams.limit = self.limits.max_open_streams_per_destination
         self.destinations[name] = destination
         if isinstance(destination, Topic):
             for attacher in self.wildcards.match(short):
@@ -300,6 +309,7 @@ class Broker:
         destination = self.destinations.get(destination_name)
         if destination is None:
             return
+        destination.open_streams.end(stream_id)
         headers = {
             GROUP_ID: stream_id,
             STREAM_ID: stream_id,

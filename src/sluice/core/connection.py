@@ -80,8 +80,8 @@ class BrokerConnection:
         self.txs: dict[str, Transaction] = {}
         # The memory usages this connection waits on to drain (at most a few).
         self._waiting_on: set[Usage] = set()
-        # Live streams being sent: (destination, stream id) -> last chunk time (ms).
-        self.open_streams: dict[tuple[str, str], int] = {}
+        # Live streams being sent: (destination, stream id).
+        self.open_streams: set[tuple[str, str]] = set()
         self.closed = False
 
     # -- producing ------------------------------------------------------------------------------
@@ -137,48 +137,54 @@ class BrokerConnection:
             if broker.writes_backed_up():
                 broker.wait_for_writes(self, self.link)
             return None
-        if dedup_id is not None:
-            destination.dedup.add(dedup_id)
         stream_id = headers.get(STREAM_ID)
         if stream_id is not None:
-            self._track_stream(destination.name, stream_id, closes_group(headers))
+            # First: a chunk refused at a limit must not leave its dedup id behind.
+            self._track_stream(destination, stream_id, closes_group(headers))
+        if dedup_id is not None:
+            destination.dedup.add(dedup_id)
         broker.accept(destination, message, on_stored)
         return self._check_flow(destination, message)
 
-    def _track_stream(self, destination: str, stream_id: str, ends: bool) -> None:
-        """Remember live (non-transacted) streams this connection is sending, to abort them if
-        it dies or goes quiet."""
-        key = (destination, stream_id)
+    def _track_stream(self, destination: Destination, stream_id: str, ends: bool) -> None:
+        """Remember live (non-transacted) streams this connection is sending, here and at their
+        destination, to abort them if it dies or goes quiet."""
+        key = (destination.name, stream_id)
         streams = self.open_streams
+        tracked = destination.open_streams
         if ends:
-            streams.pop(key, None)
-            if not streams:
-                self.broker.streaming.discard(self)
+            streams.discard(key)
+            tracked.end(stream_id)
             return
-        if key not in streams:
-            limit = self.broker.limits.max_open_streams_per_connection
-            if len(streams) >= limit:
-                self.broker.count("limit_max_open_streams_per_connection")
-                raise LimitExceeded("max_open_streams_per_connection", limit, stream_id)
-            self.broker.streaming.add(self)
-        streams[key] = self.broker.now_ms()
+        limits = self.broker.limits
+        if key not in streams and len(streams) >= limits.max_open_streams_per_connection:
+            streams.difference_update([k for k in streams if not self._sending(*k)])
+        if key not in streams and len(streams) >= limits.max_open_streams_per_connection:
+            self.broker.count("limit_max_open_streams_per_connection")
+            raise LimitExceeded(
+                "max_open_streams_per_connection", limits.max_open_streams_per_connection, stream_id
+            )
+        if tracked.full_for(stream_id):
+            self.broker.count("limit_max_open_streams_per_destination")
+            raise LimitExceeded("max_open_streams_per_destination", tracked.limit, stream_id)
+        streams.add(key)
+        tracked.chunk(stream_id, self.broker.now_ms(), self.link)
 
-    def abort_streams(self, reason: str, older_than_ms: int | None = None) -> None:
-        """Send an abort marker into each open stream (all, or those idle since before
-        `older_than_ms`), so readers fail clearly instead of waiting forever."""
-        if older_than_ms is not None and self.link.reading_paused:
-            # The broker is not reading this producer (flow control): it is held, not idle.
-            now_ms = self.broker.now_ms()
-            for key in self.open_streams:
-                self.open_streams[key] = now_ms
-            return
-        for (destination, stream_id), last_ms in list(self.open_streams.items()):
-            if older_than_ms is not None and last_ms >= older_than_ms:
-                continue
-            del self.open_streams[(destination, stream_id)]
-            self.broker.abort_stream(destination, stream_id, reason)
-        if not self.open_streams:
-            self.broker.streaming.discard(self)
+    def abort_streams(self, reason: str) -> None:
+        """Send an abort marker into each live stream this connection was the last to send a
+        chunk of, so readers fail clearly instead of waiting for ever."""
+        for name, stream_id in self.open_streams:
+            if self._sending(name, stream_id):
+                self.broker.abort_stream(name, stream_id, reason)
+        self.open_streams.clear()
+
+    def _sending(self, name: str, stream_id: str) -> bool:
+        """Is this connection still the one sending the stream (not ended, aborted as idle, or
+        taken over by another producer)?"""
+        destination = self.broker.destinations.get(name)
+        return destination is not None and destination.open_streams.producer(stream_id) is (
+            self.link
+        )
 
     def _check_flow(self, destination: Destination, message: Message) -> None:
         broker = self.broker

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from sluice.config import DestinationPolicy
 from sluice.core.message import DestinationKind, Message
+from sluice.core.streams import OpenStreams
 from sluice.core.usage import Usage
 
 if TYPE_CHECKING:
@@ -108,6 +109,8 @@ class Destination:
         self.last_seq = 0
         self.subscriptions: list[Subscription] = []
         self.dedup = DedupWindow()
+        # Live streams sent here whose end has not come (see `idle_streams`).
+        self.open_streams = OpenStreams()
         self._scheduled = False
         self._dispatch_cb = self._run_dispatch
 
@@ -186,6 +189,19 @@ class Destination:
     def depth(self) -> int:
         """Messages waiting for a consumer."""
         raise NotImplementedError
+
+    # -- live streams ---------------------------------------------------------------------------
+
+    def idle_streams(self, now_ms: int) -> list[str]:
+        """Forget and return the live streams of which no chunk came within this destination's
+        `stream_idle_timeout_s` (their producer is gone): the broker ends each with an abort
+        marker."""
+        timeout_ms = int(self.policy.stream_idle_timeout_s * 1000)
+        return self.open_streams.idle(now_ms - timeout_ms, now_ms, self._holds_unread)
+
+    def _holds_unread(self, stream_id: str) -> bool:
+        """Are chunks of this recovered stream still to be read here (so it is not idle)?"""
+        return False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

@@ -20,6 +20,9 @@ STREAM_OFFSET = "x-stream-offset"
 STREAM_END = "x-stream-end"
 STREAM_ABORT = "x-stream-abort"
 STREAM_ABORT_REASON = "x-stream-abort-reason"
+# Set by the broker on the first chunk a consumer gets of a stream another consumer left in the
+# middle: the reader continues there (never taken from a SEND).
+STREAM_RESUME = "x-stream-resume"
 
 
 def closes_group(headers: dict[str, str]) -> bool:

@@ -9,19 +9,27 @@ looks at no more than `SCAN_LIMIT` messages so one pass never stalls the loop.
 
 Paging: when the store keeps messages on disk, the queue holds only a window of them in memory.
 Once the destination is over its memory limit, new persistent messages stay in the store alone, and
-as consumers drain `pending`, the next page is read back (`_page_in`). `loaded_seq` is the highest
-sequence brought into memory; everything above it waits in the store.
+as consumers drain `pending`, the next page is read back (`_page_in`), at most what fits under the
+limit. `loaded_seq` is the highest sequence brought into memory; everything above it waits in the
+store.
 
-Evicted messages: a message that waits in memory but cannot be dispatched (its group belongs to a
-consumer without credit) while the queue is over its memory limit is dropped from memory and its
-sequence remembered in `_evicted`; `_page_in` reads such messages back first, so a window full of
-other streams' chunks never hides the chunks a consumer is waiting for. Acknowledged chunks of an
+Evicted messages (`paging.Evicted`): what memory holds must be what consumers can take. A stored
+message whose group nobody can take now (every consumer holds its `x-max-open-groups`), or that
+comes after an evicted message of its group, is not kept in memory when a page is read, and is
+dropped from memory when the queue is over its limit; so is, as a last resort, any stored message a
+pass could not deliver. Evicted messages are read back by group, only when they can be dispatched:
+the next ones of a group whose consumer has credit (no more than that credit), then groups nobody
+holds that a consumer can take, oldest first. So the chunks a stream consumer waits for are never
+hidden behind other streams' chunks, and streams that wait for a consumer wait on disk. A message
+of a group is never dispatched before an evicted one of the same group. Acknowledged chunks of an
 unfinished stream under the `restart` policy are kept the same way.
 
-Streams (DESIGN.md section 7): when a consumer leaves with a stream open, the destination's
-`stream_policy` decides: `resume` (its unacknowledged chunks go back and the next consumer continues
-from the first of them), `restart` (every chunk since the start comes back, from chunk 0) or
-`discard` (the stream's chunks go to the DLQ).
+Streams (DESIGN.md section 7, `streams.StreamGroups`): a group whose messages are chunks is held by
+its consumer until the stream ends, whatever `group_idle_timeout_s` says. When a consumer leaves in
+the middle of a stream (it got chunks of it, not the end, whatever it had in flight), the
+destination's `stream_policy` decides: `resume` (its unacknowledged chunks go back, and the next
+chunk delivered carries the resume mark, `x-stream-resume:true`), `restart` (every chunk since the
+start comes back, from chunk 0) or `discard` (the rest of the stream goes to the DLQ).
 
 Dispatch marks: before a message is handed to a consumer, the store must know that messages up to
 its sequence may have been delivered, so that after a crash they come back marked redelivered. The
@@ -39,8 +47,11 @@ from typing import TYPE_CHECKING
 from sortedcontainers import SortedDict
 
 from sluice.config import DestinationPolicy, StreamPolicy
-from sluice.core.destination import Destination, Services
+from sluice.core.destination import Services
 from sluice.core.message import STREAM_ID, DestinationKind, Message, closes_group
+from sluice.core.paging import MAX_EVICTED, PAGE_MESSAGES, Evicted, QueuePaging
+from sluice.core.paging import pending_key as _key
+from sluice.core.streams import StreamGroups
 from sluice.core.usage import Usage
 
 if TYPE_CHECKING:
@@ -50,17 +61,8 @@ if TYPE_CHECKING:
 # Messages one dispatch pass looks at, and delivers, before it yields the loop.
 SCAN_LIMIT = 4096
 DELIVER_LIMIT = 2048
-# Paging: read this many messages (or bytes) from the store at a time, when fewer than half that
-# many wait in memory.
-PAGE_MESSAGES = 1000
-PAGE_BYTES = 8 << 20
 # Dispatch marks are written this many sequences ahead of dispatch.
 MARK_STEP = 1000
-# At most this many evicted sequences are remembered per queue; beyond it, messages that cannot
-# be dispatched stay in memory and the queue's producers wait (flow control) instead.
-MAX_EVICTED = 100_000
-
-_PRIORITY_SHIFT = 44
 # Without a store that survives restarts there is nothing to mark.
 _NO_MARKS = 1 << 62
 
@@ -72,12 +74,7 @@ def next_tag() -> int:
     return next(_tags)
 
 
-def _key(message: Message) -> int:
-    # Higher priority sorts first; within a priority, lower sequence first.
-    return ((9 - message.priority) << _PRIORITY_SHIFT) | message.seq
-
-
-class Queue(Destination):
+class Queue(QueuePaging):
     """A point-to-point destination."""
 
     kind = DestinationKind.QUEUE
@@ -106,19 +103,24 @@ class Queue(Destination):
         self._mark_requested = self.mark_confirmed
         # Recovered messages up to this sequence may have been delivered before the stop.
         self.recovered_mark = 0
-        # Stored messages dropped from memory below `loaded_seq`: sequence -> delivery count.
-        self._evicted: SortedDict = SortedDict()
+        # The last sequence the store held at the start: chunks up to it belong to streams whose
+        # producer has not been seen since (`_seen_stored`).
+        self.recovered_seq = 0
+        # Stored messages dropped from memory below `loaded_seq`.
+        self._evicted = Evicted(MAX_EVICTED)
+        # Evicted messages without a group are read back after an event that may let a consumer
+        # take them (an ack, a consumer coming or going), not in a loop.
+        self._retry_ungrouped = True
         # `restart` streams: the acknowledged chunks kept until the stream's end is acknowledged,
-        # by sequence when the store can give them back, else the messages themselves.
-        self._retained: dict[str, list[tuple[int, Message | None]]] = {}
-        # `discard` streams whose consumer died: their chunks go to the DLQ (bounded, oldest out).
-        self._discarded: OrderedDict[str, None] = OrderedDict()
+        # (seq, bytes, None) when the store can give them back, else with the message itself.
+        self._retained: dict[str, list[tuple[int, int, Message | None]]] = {}
         self.max_groups = max_groups
         self.concurrent_store_and_dispatch = concurrent_store_and_dispatch
         self.is_dlq = is_dlq
         # group id -> owning subscription, least recently used first.
         self.groups: OrderedDict[str, Subscription] = OrderedDict()
         self.group_evictions = 0
+        self.streams = StreamGroups(max_groups, services.count)
         self.exclusive_owner: Subscription | None = None
         self._rr = 0
         self._has_selectors = False
@@ -214,66 +216,6 @@ class Queue(Destination):
             self._unwritten.remove(seq)
         self.wakeup()
 
-    def _evict(self, key: int, message: Message) -> None:
-        """Drop a stored message from memory; it is read back later by `_page_in`."""
-        del self.pending[key]
-        self.usage.release(message.nbytes)
-        self._evicted[message.seq] = message.delivery_count
-        self.services.count("evicted")
-
-    def _reload_evicted(self) -> int:
-        evicted = self._evicted
-        loaded = 0
-        while evicted and loaded < PAGE_MESSAGES and not self.usage.full:
-            seq, count = evicted.popitem(0)
-            stored = self.store.load(self.name, seq - 1, 1, PAGE_BYTES)
-            if not stored or stored[0].seq != seq:
-                continue  # acknowledged or removed meanwhile
-            message = Message.from_stored(stored[0], count)
-            self.pending[_key(message)] = message
-            self.usage.add(message.nbytes)
-            loaded += 1
-        return loaded
-
-    def _page_in(self) -> None:
-        """Read stored messages back into memory: evicted ones first, then the next page."""
-        if self.usage.full:
-            return
-        if self._evicted and self._reload_evicted():
-            return
-        limit = self._unwritten[0] - 1 if self._unwritten else self.last_seq
-        if self.loaded_seq >= limit:
-            return
-        # The backlog may be in two stores: persistent messages in the store, spooled ones in
-        # the temp store. Read a page from each and keep what lies below the point both reached.
-        sources = [(self.store, False)]
-        if self.temp_store is not None:
-            sources.append((self.temp_store, True))
-        pages = []
-        cutoff = limit
-        for store, spooled in sources:
-            page = store.load(self.name, self.loaded_seq, PAGE_MESSAGES, PAGE_BYTES)
-            if page and (
-                len(page) >= PAGE_MESSAGES or sum(len(m.body) for m in page) > PAGE_BYTES // 2
-            ):
-                cutoff = min(cutoff, page[-1].seq)  # this store may hold more beyond the page
-            pages.append((page, spooled))
-        loaded = 0
-        for page, spooled in pages:
-            for item in page:
-                if item.seq > cutoff:
-                    break
-                message = Message.from_stored(item, 1 if item.seq <= self.recovered_mark else 0)
-                if spooled:
-                    message.in_store = False
-                    message.spooled = True
-                self.pending[_key(message)] = message
-                self.usage.add(message.nbytes)
-                loaded += 1
-        # Everything up to the cutoff is now in memory (or was acknowledged before it was read).
-        self.loaded_seq = cutoff
-        self.services.count("paged_in", loaded)
-
     def _request_mark(self, seq: int) -> None:
         target = seq + MARK_STEP
         self._mark_requested = target
@@ -288,7 +230,7 @@ class Queue(Destination):
 
     @property
     def depth(self) -> int:
-        """Messages waiting for a consumer (not counting those in flight)."""
+        """Messages waiting for a consumer in memory (not counting those in flight)."""
         return len(self.pending)
 
     # -- consumers ------------------------------------------------------------------------------
@@ -298,27 +240,26 @@ class Queue(Destination):
         if sub.exclusive and self.exclusive_owner is None:
             self.exclusive_owner = sub
         self._has_selectors = self._has_selectors or sub.selector is not None
+        self._retry_ungrouped = True
         super().add_subscription(sub)
 
     def remove_subscription(self, sub: Subscription) -> None:
-        """A consumer left: release its groups (applying the stream policy to open streams); the
-        next exclusive consumer takes over."""
+        """A consumer left: release its groups (applying the stream policy to streams it was in
+        the middle of); the next exclusive consumer takes over."""
         policy = self.policy.stream_policy
         for group_id in sub.groups:
             if self.groups.get(group_id) is sub:
                 del self.groups[group_id]
+                self.streams.owner_left(group_id, policy)
             if policy is StreamPolicy.RESTART:
                 # Every chunk since the start comes back: the next consumer starts at chunk 0.
-                for seq, kept in self._retained.pop(group_id, ()):
-                    if kept is None:
-                        self._evicted[seq] = 1
-                    else:
+                for seq, nbytes, kept in self._retained.pop(group_id, ()):
+                    if kept is not None:
                         self.pending[_key(kept)] = kept
-            elif policy is StreamPolicy.DISCARD and self._is_stream(group_id):
-                self._discarded[group_id] = None
-                if len(self._discarded) > self.max_groups:
-                    self._discarded.popitem(last=False)
+                    elif not self._evicted.add(seq, group_id, 1, nbytes):
+                        self._load(seq, 1)
         sub.groups.clear()
+        self._retry_ungrouped = True
         super().remove_subscription(sub)
         if self.exclusive_owner is sub:
             self.exclusive_owner = next((s for s in self.subscriptions if s.exclusive), None)
@@ -336,6 +277,7 @@ class Queue(Destination):
         transaction already removed it from the store)."""
         group_id = message.group_id
         closing = group_id is not None and closes_group(message.headers)
+        self._retry_ungrouped = True
         if (
             group_id is not None
             and self.policy.stream_policy is StreamPolicy.RESTART
@@ -345,7 +287,7 @@ class Queue(Destination):
             # Kept until the stream's end is acknowledged: a new consumer may need it again.
             retained = self._retained.setdefault(group_id, [])
             if closing:
-                for seq, kept in retained:
+                for seq, _nbytes, kept in retained:
                     if kept is None or kept.in_store:
                         self.store.remove(self.name, seq)
                     if kept is not None:
@@ -353,10 +295,10 @@ class Queue(Destination):
                 del self._retained[group_id]
             else:
                 if message.in_store and self.store_pages:
-                    retained.append((message.seq, None))
+                    retained.append((message.seq, message.nbytes, None))
                     self.usage.release(message.nbytes)
                 else:
-                    retained.append((message.seq, message))
+                    retained.append((message.seq, message.nbytes, message))
                 if on_removed is not None:
                     on_removed(None)
                 self.wakeup()
@@ -387,6 +329,7 @@ class Queue(Destination):
                 )
             else:
                 self.pending[_key(message)] = message
+        self._retry_ungrouped = True
         self.wakeup()
 
     def _drop(self, message: Message) -> None:
@@ -407,17 +350,17 @@ class Queue(Destination):
             del self.pending[key]
             self._drop(message)
             self.services.dead_letter(message, "expired")
+        if expired:
+            self.wakeup()  # what they held is free: read on
         return len(expired)
 
     # -- groups ---------------------------------------------------------------------------------
-
-    def _is_stream(self, group_id: str) -> bool:
-        return any(m.group_id == group_id and STREAM_ID in m.headers for m in self.pending.values())
 
     def _close_group(self, group_id: str) -> None:
         owner = self.groups.pop(group_id, None)
         if owner is not None:
             owner.groups.pop(group_id, None)
+        self.streams.closed(group_id)
 
     def _assign_group(
         self, group_id: str, ready: list[Subscription], message: Message
@@ -430,28 +373,36 @@ class Queue(Destination):
                 self._release_idle_groups(sub, now_ms)
                 if len(sub.groups) >= limit:
                     continue
-            if not sub.matches(message):
+            if not sub.fits(message) or not sub.matches(message):
                 continue
             if best is None or len(sub.groups) < len(best.groups):
                 best = sub
         if best is None:
             return None
         if len(self.groups) >= self.max_groups:
-            # The map is bounded: forget the least recently used group (it will be reassigned).
-            evicted_id, evicted_owner = self.groups.popitem(last=False)
-            evicted_owner.groups.pop(evicted_id, None)
+            # The map is bounded: forget the least recently used group (it will be reassigned),
+            # never a stream in the middle (its next chunk would go to another consumer).
+            streams = self.streams.owned
+            victim = next((g for g in self.groups if g not in streams), None)
+            if victim is None:
+                self.services.count("limit_max_message_groups")
+                return None
+            self.groups.pop(victim).groups.pop(victim, None)
             self.group_evictions += 1
             self.services.count("message_group_evictions")
         self.groups[group_id] = best
-        best.groups[group_id] = self.services.now_ms()
+        best.groups[group_id] = now_ms
+        self.streams.assigned(group_id, message)
         return best
 
     def _release_idle_groups(self, sub: Subscription, now_ms: int) -> None:
-        """Forget groups of `sub` idle past the policy's timeout with nothing in flight."""
+        """Forget groups of `sub` idle past the policy's timeout with nothing in flight. A stream
+        is never released in the middle: `stream_idle_timeout_s` governs dead producers."""
         timeout_ms = int(self.policy.group_idle_timeout_s * 1000)
         busy = {m.group_id for m in sub.inflight.values()}
+        streams = self.streams.owned
         for group_id, last_ms in list(sub.groups.items()):
-            if now_ms - last_ms >= timeout_ms and group_id not in busy:
+            if now_ms - last_ms >= timeout_ms and group_id not in busy and group_id not in streams:
                 del sub.groups[group_id]
                 if self.groups.get(group_id) is sub:
                     del self.groups[group_id]
@@ -460,6 +411,8 @@ class Queue(Destination):
     # -- dispatch -------------------------------------------------------------------------------
 
     def _choose(self, message: Message, ready: list[Subscription]) -> Subscription | None:
+        """The consumer for this message. For a group's owner or an exclusive consumer, the
+        caller checks that the message `fits` its credit (the next one must not overtake it)."""
         owner = self.exclusive_owner
         if owner is not None:
             return owner if owner in ready and owner.matches(message) else None
@@ -477,7 +430,7 @@ class Queue(Destination):
         start = self._rr
         for i in range(n):
             sub = ready[(start + i) % n]
-            if sub.selector is None or sub.matches(message):
+            if sub.fits(message) and (sub.selector is None or sub.matches(message)):
                 self._rr = (start + i + 1) % n
                 return sub
         return None
@@ -485,7 +438,8 @@ class Queue(Destination):
     def dispatch(self) -> None:
         """One pass: give pending messages to ready consumers."""
         pending = self.pending
-        if (self.store_pages and len(pending) < PAGE_MESSAGES // 2) or self._evicted:
+        evicted = self._evicted
+        if evicted or (self.store_pages and len(pending) < PAGE_MESSAGES // 2):
             self._page_in()
         if not pending or not self.subscriptions:
             return
@@ -496,7 +450,14 @@ class Queue(Destination):
         taken: list[int] = []
         expired: list[tuple[int, Message]] = []
         discarded: list[tuple[int, Message]] = []
+        # Stored messages not delivered: those nobody can take before something else happens
+        # (their group waits for a consumer, or for an evicted message before them), and the
+        # rest (their consumer has no credit now, no selector matches).
+        hopeless: list[tuple[int, Message]] = []
         skipped: list[tuple[int, Message]] = []
+        discarding = self.streams.discarded
+        # Groups whose next message waits for its consumer's credit.
+        held: set[str] = set()
         # Without selectors, groups or an exclusive owner, a message nobody takes means nobody
         # can take any: stop at the first refusal.
         delivered = 0
@@ -506,8 +467,13 @@ class Queue(Destination):
             if message.expires_ms and message.expired(now_ms):
                 expired.append((key, message))
                 continue
-            if self._discarded and message.group_id in self._discarded:
+            group_id = message.group_id
+            if discarding and group_id in discarding:
                 discarded.append((key, message))
+                continue
+            if evicted and group_id is not None and evicted.blocks(group_id, message.seq):
+                if message.in_store:
+                    hopeless.append((key, message))
                 continue
             if message.seq > self.mark_confirmed:
                 # The store must know this message may be delivered before it is.
@@ -520,17 +486,33 @@ class Queue(Destination):
             ):
                 # Ask for the next mark before this one runs out.
                 self._request_mark(self.mark_confirmed)
-            sub = self._choose(message, ready)
-            if sub is None:
+            if held and group_id in held:
                 if message.in_store:
                     skipped.append((key, message))
-                if (
-                    self._has_selectors
-                    or message.group_id is not None
-                    or self.exclusive_owner is not None
+                continue
+            sub = self._choose(message, ready)
+            if sub is not None and not sub.fits(message):
+                # Not within its consumer's byte credit: nothing after it of its group (or
+                # of the queue, for an exclusive consumer) may overtake it.
+                if group_id is None or self.exclusive_owner is not None:
+                    break
+                held.add(group_id)
+                sub = None
+            if sub is None:
+                if not (
+                    self._has_selectors or group_id is not None or self.exclusive_owner is not None
                 ):
-                    continue
-                break
+                    break
+                if message.in_store:
+                    if (
+                        group_id is not None
+                        and self.exclusive_owner is None
+                        and group_id not in self.groups
+                    ):
+                        hopeless.append((key, message))
+                    else:
+                        skipped.append((key, message))
+                continue
             taken.append(key)
             delivered += 1
             self._deliver(sub, message)
@@ -551,21 +533,20 @@ class Queue(Destination):
                 message, "stream consumer died mid-stream (stream_policy=discard)"
             )
             if closes_group(message.headers) and message.group_id is not None:
-                self._discarded.pop(message.group_id, None)
-        if not delivered and skipped and self.usage.full and self.store_pages:
-            # Nothing here can go anywhere and memory is full: make room for what can.
-            room = MAX_EVICTED - len(self._evicted)
-            if room < len(skipped):
-                self.services.count("limit_max_evicted")
-            for key, message in skipped[: max(room, 0)]:
-                self._evict(key, message)
-            if room > 0:
-                self.wakeup()
+                self.streams.closed(message.group_id)
+        if expired or discarded:
+            self.wakeup()  # what they held is free: read on
+        if self.store_pages and self.usage.full and (hopeless or (skipped and not delivered)):
+            # Memory is full: make room for what can go somewhere, dropping first what cannot
+            # (and, if nothing could be delivered at all, whatever was not).
+            self._evict_all(hopeless if delivered else hopeless + skipped)
         if delivered >= DELIVER_LIMIT and ready and pending:
             self.wakeup()
 
     def _deliver(self, sub: Subscription, message: Message) -> None:
         message.delivery_count += 1
+        if self.streams.resuming:
+            self.streams.mark_if_resuming(message)
         if sub.auto:
             sub.link.deliver(sub, message, 0, message.delivery_count)
             self.settle(sub, message)

@@ -1,10 +1,12 @@
 """A subscription: where a consumer's credit and in-flight messages live.
 
-Credit is counted in messages (`prefetch`) and bytes (`prefetch_bytes`, 0 = unlimited): the broker
-stops dispatching to a subscription at either limit, but always allows one message when nothing is
-in flight so a message larger than the byte credit still moves. Auto-acknowledged messages are
-settled when handed to the connection, so their credit is bounded by the connection's write buffer
-(`Link.writable`) instead.
+Credit is counted in messages (`prefetch`) and bytes (`prefetch_bytes`, 0 = unlimited). The byte
+credit is a cap: a queue sends a message only if it fits in what is left of it (`fits`), except
+when nothing is in flight, so that a message larger than the whole credit still moves, alone. So
+the bytes in flight to a subscription never exceed its byte credit, or one message. (A topic
+subscription stops at its credit too, but may go over it by one message.) Auto-acknowledged
+messages are settled when handed to the connection, so their credit is bounded by the connection's
+write buffer (`Link.writable`) instead.
 """
 
 from __future__ import annotations
@@ -145,7 +147,8 @@ class Subscription:
         # The connection-wide map from delivery tag to subscription (STOMP 1.2 ACK carries only
         # the tag).
         self.tags: dict[int, Subscription] = {} if tags is None else tags
-        # Message groups this subscription owns (group id -> number of its messages in flight).
+        # Message groups this subscription owns (group id -> when it last got one of their
+        # messages, in ms).
         self.groups: dict[str, int] = {}
         # Topic subscriptions: the next sequence to deliver, and messages put back by NACK.
         self.next_seq = 0
@@ -170,6 +173,12 @@ class Subscription:
         if len(inflight) >= self.prefetch:
             return False
         return not self.prefetch_bytes or self.inflight_bytes < self.prefetch_bytes
+
+    def fits(self, message: Message) -> bool:
+        """Does the message fit in the byte credit left (always, with nothing in flight)?"""
+        if not self.prefetch_bytes or self.auto or not self.inflight:
+            return True
+        return self.inflight_bytes + message.nbytes <= self.prefetch_bytes
 
     def matches(self, message: Message) -> bool:
         """Does the subscription's selector accept the message (no selector accepts all)?"""

@@ -46,6 +46,17 @@ class Usage:
             return True
         return self.parent is not None and self.parent.full
 
+    @property
+    def headroom_bytes(self) -> int | None:
+        """Bytes that may still be added before this usage or its parent is full (None: no
+        limit applies)."""
+        room = self.limit_bytes - self.used if self.limit_bytes else None
+        if self.parent is not None:
+            above = self.parent.headroom_bytes
+            if above is not None:
+                room = above if room is None else min(room, above)
+        return None if room is None else max(room, 0)
+
     def _below_resume(self) -> bool:
         if self.limit_bytes and self.used > self.limit_bytes * self._resume_ratio:
             return False

@@ -26,6 +26,7 @@ BROKER_HEADERS = frozenset(
         "redelivered",
         "x-delivery-count",
         "x-offset",
+        "x-stream-resume",
         "persistent",
         "priority",
         "expires",
