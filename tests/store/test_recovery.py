@@ -8,7 +8,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from sluice.errors import CorruptionError
 from sluice.store.api import StoredMessage
-from sluice.store.journal.files import file_path
+from sluice.store.journal.files import file_path, list_files
 from sluice.store.journal.scan import FileScan, ScannedRecord
 from sluice.store.journal.store import JournalStore
 
-from .helpers import Sink, copy_running, fields, journal_config, msg
+from .helpers import Harness, Sink, copy_running, fields, journal_config, msg
 
 Q = "/queue/r"
 QUIET = {"checkpoint_interval_s": 3600.0, "gc_interval_s": 3600.0, "index_write_batch": 10**9}
@@ -297,3 +297,49 @@ def test_torn_newest_file_header_is_reinitialised(base: Base, tmp_path: Path) ->
     state, report = reopen(target)
     assert state == base.prefix_states[-1]
     assert any("re-initialised" in line for line in report)
+
+
+def _multi_file_store(make_journal: Callable[..., Harness]) -> tuple[Harness, list[int]]:
+    """A closed store over several data files, each holding live messages."""
+    h = make_journal(**QUIET)
+    h.open()
+    s = h.s
+    for seq in range(1, 1201):
+        h.track(s.add(msg(Q, seq, bytes([seq % 251]) * 2500), None))
+    h.settle()
+    h.close()
+    assert isinstance(h.store, JournalStore)
+    files = list_files(h.store.journal_dir)
+    assert len(files) >= 3
+    return h, files
+
+
+def test_older_file_cut_at_a_record_boundary_is_found(
+    make_journal: Callable[..., Harness],
+) -> None:
+    h, files = _multi_file_store(make_journal)
+    assert isinstance(h.store, JournalStore)
+    data_dir = h.store.config.data_dir
+    path = file_path(h.store.journal_dir, files[0])
+    records = [i for i in FileScan(path) if isinstance(i, ScannedRecord)]
+    cut = records[-10].offset  # ten whole records go, nothing looks torn
+    raw = path.read_bytes()
+    path.write_bytes(raw[:cut] + bytes(len(raw) - cut))
+    with pytest.raises(CorruptionError) as info:
+        h.open()
+    assert (info.value.path, info.value.offset) == (str(path), cut)
+    repaired = make_journal(data_dir, repair=True)
+    report = repaired.open()
+    lost = [line for line in report.report if "lost message" in line]
+    assert len(lost) == 10
+    assert len(repaired.s.load(Q, 0, 10**6, 1 << 62)) == 1190
+
+
+def test_missing_newest_file_stops_the_start(make_journal: Callable[..., Harness]) -> None:
+    h, files = _multi_file_store(make_journal)
+    assert isinstance(h.store, JournalStore)
+    newest = file_path(h.store.journal_dir, files[-1])
+    newest.unlink()
+    with pytest.raises(CorruptionError) as info:
+        h.open()
+    assert info.value.path == str(newest)

@@ -184,7 +184,10 @@ def _recover_from_index(
     (cp_file, cp_offset), state.next_txno = index.read_meta()
     present = set(files)
     if cp_file not in present:
-        raise _IndexAhead(f"checkpoint file db-{cp_file}.log is missing")
+        path = file_path(journal_dir, cp_file)
+        if not config.repair and cp_file > files[-1]:
+            raise CorruptionError("the data file the index checkpoint is in is missing", str(path))
+        raise _IndexAhead(f"checkpoint file {path} is missing")
     recovered = Recovered(state, store_id, report)
     _drop_outside(config, recovered)
     missing = [f for f in state.files if f not in present]
