@@ -2,9 +2,9 @@
 
 - A torn tail (the newest file, nothing valid after it) is zeroed: it was never acknowledged.
 - With repair, a damaged stretch elsewhere is first copied to `damaged/db-<n>.log.<offset>` under
-  the data directory, then overwritten with one PADDING record of the same size, so the journal
-  reads cleanly from then on and the next start needs no repair. A damaged file header is
-  rewritten.
+  the data directory, then overwritten with one PADDING record of the same size (or zeroed, when
+  no valid record follows it), so the journal reads cleanly from then on and the next start needs
+  no repair. A damaged file header is rewritten.
 - `describe` reads what a damaged stretch seems to hold, record by record without trusting the
   checksums, so the report can name the destinations, sequences and message ids involved.
 """
@@ -101,11 +101,14 @@ def record_line(record: SeenRecord, *, effect_kept: bool) -> str:
 
 
 def save_and_pad(data_dir: Path, path: Path, data: bytes, damage: Damage) -> Path | None:
-    """Copy the damaged bytes aside, then overwrite them with a PADDING record; returns the
-    copy's path, or None (nothing changed) when the stretch is too short for a record."""
+    """Copy the damaged bytes aside, then overwrite them: with a PADDING record of their size
+    when a valid record follows, with zeros when nothing valid does (the data then ends where
+    the damage starts). Returns the copy's path, or None (nothing changed) when the stretch
+    cannot hold a PADDING record."""
     end = damage.resume if damage.resume is not None else damage.end
     span = end - damage.offset
-    if span < fmt.HEADER_BYTES or span - fmt.HEADER_BYTES > fmt.MAX_PAYLOAD_BYTES:
+    pad = damage.resume is not None
+    if pad and (span < fmt.HEADER_BYTES or span - fmt.HEADER_BYTES > fmt.MAX_PAYLOAD_BYTES):
         return None
     keep_dir = data_dir / DAMAGED_DIR
     keep_dir.mkdir(exist_ok=True)
@@ -117,10 +120,11 @@ def save_and_pad(data_dir: Path, path: Path, data: bytes, damage: Damage) -> Pat
     fsync_dir(keep_dir)
     fd = os.open(path, os.O_RDWR)
     try:
-        pos = damage.offset + fmt.HEADER_BYTES
+        pos = damage.offset + (fmt.HEADER_BYTES if pad else 0)
         while pos < end:
             pos += os.pwrite(fd, _ZEROS[: min(len(_ZEROS), end - pos)], pos)
-        os.pwrite(fd, fmt.padding_header(span), damage.offset)
+        if pad:
+            os.pwrite(fd, fmt.padding_header(span), damage.offset)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -334,7 +334,8 @@ def _replay(
                     skipped = Damage(end, item.resume, item.end, item.reason)
                 _repair(config, state, path, file_no, scan.data, skipped, apply_from, recovered)
                 if item.resume is None:
-                    end = item.end
+                    end = skipped.offset  # zeroed: nothing valid follows
+                    cut = True
                     break
                 continue
             if item.offset == 0:
