@@ -335,8 +335,11 @@ def _check(base: Base, trial: Trial, result: dict[str, object]) -> None:
         assert any("index rebuilt" in line for line in report), report
 
 
+SEEDS = [1, 2, 3] + [pytest.param(seed, marks=pytest.mark.slow) for seed in range(4, 40)]
+
+
 @pytest.mark.parametrize("which", ["crashed", "clean"])
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_random_damage_never_crashes_and_keeps_intact_records(
     bases: dict[str, Base], which: str, seed: int, tmp_path: Path
 ) -> None:
