@@ -7,9 +7,11 @@
 (the main thread plays the event loop: the sink hands completed batches to it through a queue, and
 it issues one new add per completion). Prints adds/s, syncs/s and adds per sync.
 
-`open`: fills a store with N messages in a child process that exits with os._exit once all are
-acknowledged (no close: a crash), then times three opens: after the crash (replay from the last
-checkpoint), after a clean close, and after deleting the index (full rebuild).
+`open`: fills a store with N messages of `--body-bytes` in a child process that exits with
+os._exit once all are acknowledged (no close: a crash), then times opens: after the crash (replay
+from the last checkpoint) and after a clean close, each with `verify_journal` full (every record
+checksummed, the default) and after_checkpoint; the index check alone (data.mdb read as a file,
+every entry read back against its digest); and an open after deleting the index (full rebuild).
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sluice.config import StoreConfig, SyncPolicy
+import lmdb
+
+from sluice.config import JournalVerify, StoreConfig, SyncPolicy
 from sluice.store.api import StoredMessage, WriteHandle
+from sluice.store.journal.files import file_path, list_files
+from sluice.store.journal.index import DIGESTED, check_structure, verify_entries
 from sluice.store.journal.store import JournalStore
 
 
@@ -82,7 +88,7 @@ def sink(handles):
         done.release()
 store = JournalStore(StoreConfig(data_dir=Path(sys.argv[1]), sync=SyncPolicy.NEVER))
 store.open(sink)
-body = os.urandom(256)
+body = os.urandom(int(sys.argv[3]))
 for seq in range(1, n + 1):
     store.add(StoredMessage(f"/queue/q{seq % 10}", seq, str(seq), seq, {}, body), None)
     if seq % 20000 == 0:
@@ -93,29 +99,63 @@ os._exit(0)
 """
 
 
-def _timed_open(data_dir: Path, label: str) -> None:
-    store = JournalStore(StoreConfig(data_dir=data_dir))
+def _timed_open(data_dir: Path, label: str, verify: JournalVerify) -> None:
+    store = JournalStore(StoreConfig(data_dir=data_dir, verify_journal=verify))
     start = time.perf_counter()
     recovery = store.open(lambda handles: None)
     elapsed = time.perf_counter() - start
     messages = sum(d.message_count for d in recovery.destinations)
     store.close()
-    print(f"{label:<28} {elapsed:7.2f} s  ({messages:,} messages)")
+    print(f"{label:<44} {elapsed:7.2f} s  ({messages:,} messages)")
     for line in recovery.report:
         print(f"    {line}")
 
 
-def bench_open(data_dir: Path, messages: int) -> None:
+def _timed_index_check(data_dir: Path) -> None:
+    journal = data_dir / "journal"
+    sizes = {n: file_path(journal, n).stat().st_size for n in list_files(journal)}
+    start = time.perf_counter()
+    check_structure(data_dir / "index")
+    walked = time.perf_counter()
+    env = lmdb.open(str(data_dir / "index"), max_dbs=8, readonly=True, lock=False)
+    dbs = {name: env.open_db(name, create=False) for name in (*DIGESTED, b"meta")}
+    with env.begin() as txn:
+        _found, result = verify_entries(txn, dbs, sizes)
+    env.close()
+    done = time.perf_counter()
+    entries = sum(result.entries.values())
+    print(
+        f"{'index check: file walk / entry scan':<44} {walked - start:7.2f} s / "
+        f"{done - walked:.2f} s  ({entries:,} entries)"
+    )
+
+
+def bench_open(data_dir: Path, messages: int, body_bytes: int) -> None:
     shutil.rmtree(data_dir, ignore_errors=True)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", _FILL, str(data_dir), str(messages)], check=True)
-    print(f"fill {messages:,} messages (256 B, sync never): {time.perf_counter() - start:.1f} s")
-    _timed_open(data_dir, "open after kill (no close)")
-    _timed_open(data_dir, "open after clean close")
-    shutil.rmtree(data_dir / "index")
-    _timed_open(data_dir, "open with index deleted")
+    fill = [sys.executable, "-c", _FILL, str(data_dir), str(messages), str(body_bytes)]
+    subprocess.run(fill, check=True)
+    elapsed = time.perf_counter() - start
+    print(f"fill {messages:,} messages ({body_bytes} B, sync never): {elapsed:.1f} s")
     journal_bytes = sum(p.stat().st_size for p in (data_dir / "journal").iterdir())
     print(f"journal {journal_bytes / 2**20:,.0f} MiB")
+    killed = data_dir.with_name(data_dir.name + "-killed")
+    shutil.rmtree(killed, ignore_errors=True)
+    shutil.copytree(data_dir, killed)
+    try:
+        _timed_open(data_dir, "open after kill, verify full", JournalVerify.FULL)
+        _timed_open(
+            killed, "open after kill, verify after_checkpoint", JournalVerify.AFTER_CHECKPOINT
+        )
+    finally:
+        shutil.rmtree(killed, ignore_errors=True)
+    _timed_open(data_dir, "open after clean close, verify full", JournalVerify.FULL)
+    _timed_open(
+        data_dir, "open after clean close, after_checkpoint", JournalVerify.AFTER_CHECKPOINT
+    )
+    _timed_index_check(data_dir)
+    shutil.rmtree(data_dir / "index")
+    _timed_open(data_dir, "open with index deleted (rebuild)", JournalVerify.FULL)
 
 
 def main() -> None:
@@ -123,6 +163,7 @@ def main() -> None:
     parser.add_argument("what", choices=["adds", "open"])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--body-bytes", type=int, default=256)
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args()
     data_dir = args.dir or Path(tempfile.mkdtemp(prefix="sluice-bench-"))
@@ -131,7 +172,7 @@ def main() -> None:
             for outstanding in (1, 8, 64):
                 bench_adds(data_dir, outstanding, args.seconds)
         else:
-            bench_open(data_dir, args.messages)
+            bench_open(data_dir, args.messages, args.body_bytes)
     finally:
         if args.dir is None:
             shutil.rmtree(data_dir, ignore_errors=True)

@@ -47,6 +47,15 @@ class SyncPolicy(enum.Enum):
     NEVER = "never"
 
 
+class JournalVerify(enum.Enum):
+    """How much of the journal a start reads and checksums: `full` every record (damage anywhere
+    stops the start), `after_checkpoint` only what the index does not hold yet (faster with a
+    large backlog; damage before the checkpoint then shows when a message is read back)."""
+
+    FULL = "full"
+    AFTER_CHECKPOINT = "after_checkpoint"
+
+
 class StreamPolicy(enum.Enum):
     """What happens to a stream whose consumer dies mid-way."""
 
@@ -138,6 +147,7 @@ class StoreConfig:
     concurrent_store_and_dispatch_queues: bool = True
     concurrent_store_and_dispatch_topics: bool = False
     repair: bool = False
+    verify_journal: JournalVerify = JournalVerify.FULL
     lmdb_map_bytes: int = 64 * GiB
 
 

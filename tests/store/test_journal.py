@@ -9,14 +9,16 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from sluice.config import MiB, SyncPolicy
-from sluice.errors import StoreError
+from sluice.errors import CorruptionError, StoreError
 from sluice.store.api import RecoveredSubscription, WriteState
+from sluice.store.journal import files
+from sluice.store.journal import format as fmt
 from sluice.store.journal.files import list_files
 from sluice.store.journal.store import JournalStore
 
@@ -294,3 +296,99 @@ def test_open_transaction_at_crash_is_dropped(
     recovery = again.open()
     assert seqs(journal(again)) == [1]
     assert any("1 uncommitted" in line for line in recovery.report)
+
+
+def test_rollover_syncs_the_full_file_the_new_file_and_the_directory(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With SyncPolicy.NEVER the writer syncs nothing per batch: every sync seen is rollover's.
+    events: list[tuple[str, str, int]] = []
+    lock = threading.Lock()
+
+    def name_of(fd: int) -> str:
+        return os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).removesuffix(".spare")
+
+    def note(kind: str, name: str, offset: int = 0) -> None:
+        with lock:
+            events.append((kind, name, offset))
+
+    real_fdatasync, real_fsync, real_rename = os.fdatasync, os.fsync, os.rename
+    real_dir, real_write = files.fsync_dir, files.write_all
+
+    def fdatasync(fd: int) -> None:
+        note("sync", name_of(fd))
+        real_fdatasync(fd)
+
+    def fsync(fd: int) -> None:
+        note("sync", name_of(fd))
+        real_fsync(fd)
+
+    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        real_rename(src, dst)
+        note("rename", os.path.basename(dst))
+
+    def fsync_dir(path: Path) -> None:
+        note("dirsync", path.name)
+        real_dir(path)
+
+    def write_all(fd: int, buffers: Sequence[bytes | memoryview], offset: int) -> int:
+        note("write", name_of(fd), offset)
+        return real_write(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(files, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(files, "write_all", write_all)
+    h = make_journal(sync=SyncPolicy.NEVER)
+    h.open()
+    s = journal(h)
+    for seq in range(1, 500):
+        h.track(s.add(msg(Q, seq, os.urandom(8 * 1024)), None))
+    h.settle()
+    with lock:
+        seen = list(events)
+    rolled = [n for n in list_files(s.journal_dir) if n > 1]
+    assert len(rolled) >= 3
+    header = fmt.FILE_HEADER_RECORD_BYTES
+    for n in rolled:
+        new, old = f"db-{n}.log", f"db-{n - 1}.log"
+        first_append = seen.index(("write", new, header))
+        before = seen[:first_append]
+        last_old_write = max(i for i, e in enumerate(before) if e[:2] == ("write", old))
+        assert ("sync", old, 0) in before[last_old_write:], f"{old} not synced before {new}"
+        created = max(i for i, e in enumerate(before) if e[:2] == ("write", new))
+        assert ("sync", new, 0) in before[created:], f"{new} not synced once complete"
+        named = max([i for i, e in enumerate(before) if e == ("rename", new, 0)] + [created])
+        assert ("dirsync", "journal", 0) in before[named:], f"directory not synced for {new}"
+
+
+def test_reader_bounds_a_location_before_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files.create_file(tmp_path / "db-1.log", 1, b"s" * 16, MiB)
+    reader = files.FileReader(tmp_path)
+    asked: list[int] = []
+    real = os.pread
+
+    def pread(fd: int, length: int, offset: int) -> bytes:
+        asked.append(length)
+        return real(fd, length, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    header = fmt.FILE_HEADER_RECORD_BYTES
+    bad = [
+        (1, header, 0xFFFF_FFFF),  # a length read from a damaged index: 4 GiB
+        (1, header, files.MAX_RECORD_BYTES + 1),
+        (1, header, 3),  # shorter than a record header
+        (1, MiB - 10, 100),  # runs past the end of the file
+        (2, header, 100),  # no such file
+    ]
+    for file_no, offset, length in bad:
+        with pytest.raises(CorruptionError) as info:
+            reader.read(file_no, offset, length)
+        assert info.value.path == str(tmp_path / f"db-{file_no}.log")
+        assert info.value.offset == offset
+    assert asked == []  # nothing was read, nothing allocated
+    assert len(reader.read(1, 0, header)) == header
+    reader.close()

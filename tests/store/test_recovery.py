@@ -1,5 +1,6 @@
-"""A journal cut or corrupted anywhere recovers a prefix of what was acknowledged, or refuses to
-start with CorruptionError naming the file and offset; with repair it always starts."""
+"""A journal cut or corrupted anywhere recovers what its intact records hold, or refuses to start
+with CorruptionError naming the file and offset; with repair it always starts, names what was
+lost, and leaves a journal that starts without repair."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,11 +18,11 @@ from hypothesis import strategies as st
 
 from sluice.errors import CorruptionError
 from sluice.store.api import StoredMessage
-from sluice.store.journal.files import file_path
+from sluice.store.journal.files import file_path, list_files
 from sluice.store.journal.scan import FileScan, ScannedRecord
 from sluice.store.journal.store import JournalStore
 
-from .helpers import Sink, copy_running, fields, journal_config, msg
+from .helpers import Harness, Sink, copy_running, fields, journal_config, msg
 
 Q = "/queue/r"
 QUIET = {"checkpoint_interval_s": 3600.0, "gc_interval_s": 3600.0, "index_write_batch": 10**9}
@@ -39,6 +40,23 @@ class Base:
     first_record: int
     prefix_states: list[State]  # state after 0..n records
     all_messages: dict[tuple[str, int], tuple[object, ...]]
+    ops: list[tuple[str, int]]  # record i: ("add", seq) or ("remove", seq)
+
+    def starts(self) -> list[int]:
+        """Start offset of record i."""
+        return [self.first_record, *self.boundaries[:-1]]
+
+    def state_without(self, skipped: set[int]) -> State:
+        """The state the records hold when the records in `skipped` are lost."""
+        model: dict[int, tuple[object, ...]] = {}
+        for i, (kind, seq) in enumerate(self.ops):
+            if i in skipped:
+                continue
+            if kind == "add":
+                model[seq] = self.all_messages[(Q, seq)]
+            else:
+                model.pop(seq, None)
+        return frozenset(model.values())
 
 
 def frozen(m: StoredMessage) -> tuple[object, ...]:
@@ -61,6 +79,7 @@ def base() -> Iterator[Base]:
     model: dict[int, tuple[object, ...]] = {}
     states: list[State] = [frozenset()]
     all_messages: dict[tuple[str, int], tuple[object, ...]] = {}
+    ops: list[tuple[str, int]] = []
     handles = []
     for seq in range(1, 41):
         m = msg(Q, seq, os.urandom(rng.randrange(1, 3000)), ts=seq)
@@ -69,12 +88,14 @@ def base() -> Iterator[Base]:
         handles.append(handle)
         model[seq] = frozen(m)
         all_messages[(Q, seq)] = frozen(m)
+        ops.append(("add", seq))
         states.append(frozenset(model.values()))
         if seq % 4 == 0:
             victim = rng.choice(sorted(model))
             handle = store.remove(Q, victim)
             sink.wait([handle])
             del model[victim]
+            ops.append(("remove", victim))
             states.append(frozenset(model.values()))
     copy_running(store, root / "base")
     store.close()
@@ -86,7 +107,7 @@ def base() -> Iterator[Base]:
     # Record 0 is the file header; the rest are the ops, one each.
     boundaries = [r.offset + r.length for r in records[1:]]
     assert len(boundaries) == len(states) - 1
-    yield Base(root / "base", boundaries, records[1].offset, states, all_messages)
+    yield Base(root / "base", boundaries, records[1].offset, states, all_messages, ops)
     shutil.rmtree(root)
 
 
@@ -127,12 +148,18 @@ def test_cut_at_any_offset_recovers_the_prefix(base: Base, data: st.DataObject) 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
-def test_flipped_bytes_recover_a_prefix_or_raise_corruption(
-    base: Base, data: st.DataObject
-) -> None:
+def test_flipped_bytes_keep_every_intact_record(base: Base, data: st.DataObject) -> None:
     end = base.boundaries[-1]
-    offsets = data.draw(st.lists(st.integers(0, end + 64), min_size=1, max_size=3))
+    offsets = data.draw(st.lists(st.integers(0, end + 64), min_size=1, max_size=3, unique=True))
     xor = data.draw(st.integers(1, 255))
+    starts = base.starts()
+    touched = {
+        i
+        for i, (lo, hi) in enumerate(zip(starts, base.boundaries, strict=True))
+        if any(lo <= o < hi for o in offsets)
+    }
+    expected = base.state_without(touched)
+    header_hit = min(offsets) < base.first_record
     with tempfile.TemporaryDirectory() as tmp:
         target = Path(tmp) / "d"
         shutil.copytree(base.path, target)
@@ -145,20 +172,26 @@ def test_flipped_bytes_recover_a_prefix_or_raise_corruption(
         shutil.copytree(target, repaired_copy)
         error: CorruptionError | None = None
         try:
-            state, _ = reopen(target)
+            state, report = reopen(target)
         except CorruptionError as exc:
             error = exc
-        if error is None:
-            assert state in base.prefix_states
+        if error is not None:
+            # The error names the first damaged record (or the file header).
+            assert error.path == str(path)
+            assert error.offset == (0 if header_hit else starts[min(touched)])
         else:
-            assert error.path is not None
-            assert error.path.endswith("db-1.log")
-            assert error.offset is not None
-            assert error.offset <= max(offsets)
-        # With repair it always opens, and holds only messages that were written, intact.
-        repaired, _ = reopen(repaired_copy, repair=True)
-        for m in repaired:
-            assert base.all_messages[(m[0], m[1])] == m  # type: ignore[index]
+            # It started: the damage was a torn tail, and nothing intact was lost.
+            assert state == expected
+            assert bool(report) == (bool(touched) or max(offsets) >= end)
+        # With repair it always opens and keeps every record the flips did not touch.
+        repaired, report = reopen(repaired_copy, repair=True)
+        assert repaired == expected
+        if touched:
+            assert report
+        # ... and what it left starts without repair, the same, with nothing to report.
+        again, report2 = reopen(repaired_copy)
+        assert again == expected
+        assert report2 == []
 
 
 def test_damage_before_the_tail_stops_the_start_and_repair_skips_it(
@@ -184,7 +217,14 @@ def test_damage_before_the_tail_stops_the_start_and_repair_skips_it(
     }
 
 
-def test_damaged_record_read_by_load_raises_corruption(base: Base, tmp_path: Path) -> None:
+def _body_byte(base: Base, seq: int) -> int:
+    """An offset inside the body of message `seq`'s ADD record (its last bytes are body)."""
+    return base.boundaries[base.ops.index(("add", seq))] - 5
+
+
+def test_damaged_record_read_back_is_dropped_and_the_rest_delivered(
+    base: Base, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     target = tmp_path / "d"
     shutil.copytree(base.path, target)
     store = JournalStore(journal_config(target, **QUIET))
@@ -192,16 +232,58 @@ def test_damaged_record_read_by_load_raises_corruption(base: Base, tmp_path: Pat
     try:
         store.checkpoint()
         path = file_path(target / "journal", 1)
+        live = sorted(int(m[1]) for m in base.prefix_states[-1])  # type: ignore[call-overload]
+        victim = live[len(live) // 2]
         raw = bytearray(path.read_bytes())
-        first = min(int(m[1]) for m in base.prefix_states[-1])  # type: ignore[call-overload]
-        # Adds and removes alternate 4:1, one record each; flip a byte of that add's body.
-        raw[base.boundaries[first - 1 + (first - 1) // 4] - 5] ^= 0x01
+        raw[_body_byte(base, victim)] ^= 0x01
         path.write_bytes(bytes(raw))
-        with pytest.raises(CorruptionError) as info:
-            store.load(Q, 0, 1, 1 << 20)
-        assert info.value.path == str(path)
+        # Read in pages of 3: the page that meets the damage still holds 3 messages.
+        got: list[int] = []
+        while True:
+            page = store.load(Q, got[-1] if got else 0, 3, 1 << 30)
+            if not page:
+                break
+            assert len(page) == 3 or page[-1].seq == live[-1]
+            got.extend(m.seq for m in page)
+        assert got == [s for s in live if s != victim]
+        assert store.stats().damaged_records == 1
+        offset = base.starts()[base.ops.index(("add", victim))]
+        assert any(
+            str(path) in r.message and f"offset {offset}" in r.message for r in caplog.records
+        )
+        # Dropped for good: the index no longer holds it.
+        assert [m.seq for m in store.load(Q, 0, 10**9, 1 << 62)] == got
     finally:
         store.close()
+
+
+def test_damage_before_the_checkpoint_stops_the_start(base: Base, tmp_path: Path) -> None:
+    target = tmp_path / "d"
+    shutil.copytree(base.path, target)
+    store = JournalStore(journal_config(target, **QUIET))
+    store.open(Sink())
+    store.close()  # the checkpoint is now at the end of the journal
+    path = file_path(target / "journal", 1)
+    live = sorted(int(m[1]) for m in base.prefix_states[-1])  # type: ignore[call-overload]
+    victim = live[0]
+    raw = bytearray(path.read_bytes())
+    raw[_body_byte(base, victim)] ^= 0x01
+    path.write_bytes(bytes(raw))
+    offset = base.starts()[base.ops.index(("add", victim))]
+    with pytest.raises(CorruptionError) as info:
+        reopen(target)
+    assert (info.value.path, info.value.offset) == (str(path), offset)
+    state, report = reopen(target, repair=True)
+    assert state == base.prefix_states[-1] - {base.all_messages[(Q, victim)]}
+    assert any(f"offset {offset}" in line and "skipped by repair" in line for line in report)
+    lost = [line for line in report if "lost message" in line]
+    assert lost == [
+        f"  lost message: destination '{Q}' seq {victim} message-id "
+        f"'{base.all_messages[(Q, victim)][2]}'"
+    ]
+    again, report = reopen(target)
+    assert again == state
+    assert report == []
 
 
 def test_torn_newest_file_header_is_reinitialised(base: Base, tmp_path: Path) -> None:
@@ -215,3 +297,49 @@ def test_torn_newest_file_header_is_reinitialised(base: Base, tmp_path: Path) ->
     state, report = reopen(target)
     assert state == base.prefix_states[-1]
     assert any("re-initialised" in line for line in report)
+
+
+def _multi_file_store(make_journal: Callable[..., Harness]) -> tuple[Harness, list[int]]:
+    """A closed store over several data files, each holding live messages."""
+    h = make_journal(**QUIET)
+    h.open()
+    s = h.s
+    for seq in range(1, 1201):
+        h.track(s.add(msg(Q, seq, bytes([seq % 251]) * 2500), None))
+    h.settle()
+    h.close()
+    assert isinstance(h.store, JournalStore)
+    files = list_files(h.store.journal_dir)
+    assert len(files) >= 3
+    return h, files
+
+
+def test_older_file_cut_at_a_record_boundary_is_found(
+    make_journal: Callable[..., Harness],
+) -> None:
+    h, files = _multi_file_store(make_journal)
+    assert isinstance(h.store, JournalStore)
+    data_dir = h.store.config.data_dir
+    path = file_path(h.store.journal_dir, files[0])
+    records = [i for i in FileScan(path) if isinstance(i, ScannedRecord)]
+    cut = records[-10].offset  # ten whole records go, nothing looks torn
+    raw = path.read_bytes()
+    path.write_bytes(raw[:cut] + bytes(len(raw) - cut))
+    with pytest.raises(CorruptionError) as info:
+        h.open()
+    assert (info.value.path, info.value.offset) == (str(path), cut)
+    repaired = make_journal(data_dir, repair=True)
+    report = repaired.open()
+    lost = [line for line in report.report if "lost message" in line]
+    assert len(lost) == 10
+    assert len(repaired.s.load(Q, 0, 10**6, 1 << 62)) == 1190
+
+
+def test_missing_newest_file_stops_the_start(make_journal: Callable[..., Harness]) -> None:
+    h, files = _multi_file_store(make_journal)
+    assert isinstance(h.store, JournalStore)
+    newest = file_path(h.store.journal_dir, files[-1])
+    newest.unlink()
+    with pytest.raises(CorruptionError) as info:
+        h.open()
+    assert info.value.path == str(newest)

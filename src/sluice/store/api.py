@@ -185,6 +185,8 @@ class StoreStats:
     gc_deleted_files: int = 0
     gc_archived_files: int = 0
     compacted_files: int = 0
+    # Message records that failed their checks when read back: reported, counted and dropped.
+    damaged_records: int = 0
 
 
 class MessageStore(Protocol):
@@ -229,7 +231,9 @@ class MessageStore(Protocol):
         self, destination: str, after_seq: int, max_count: int, max_bytes: int
     ) -> list[StoredMessage]:
         """Committed, unremoved messages with `seq > after_seq`, ascending, at most `max_count`
-        and at least one even if it alone exceeds `max_bytes`."""
+        and at least one even if it alone exceeds `max_bytes`. A message whose record cannot
+        be read back intact is dropped (reported, counted in `damaged_records`) and the page
+        goes on with the next ones, so a short page still means nothing more is stored."""
         ...
 
     def first_seq(self, destination: str, at_or_after_ms: int = 0) -> int:

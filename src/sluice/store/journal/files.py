@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sluice.errors import StoreError
+from sluice.errors import CorruptionError, StoreError
 from sluice.store.journal import format as fmt
 
 _NAME = re.compile(r"^db-([1-9][0-9]*)\.log$")
@@ -281,30 +281,58 @@ class HeadFile:
                 self.fd = -1
 
 
+# The largest whole record a location may name.
+MAX_RECORD_BYTES = fmt.HEADER_BYTES + fmt.MAX_PAYLOAD_BYTES
+
+
 class FileReader:
     """Reads records back by location; one descriptor per file, opened on first use.
+
+    A location comes from the index, so its length is bounded (a whole record, at most
+    `MAX_RECORD_BYTES`, within the file) before anything is allocated; a location that fails
+    raises `CorruptionError` naming the file and offset.
 
     Not thread-safe: each thread that reads owns a reader, or holds a lock around it."""
 
     def __init__(self, journal_dir: Path) -> None:
         self.journal_dir = journal_dir
         self._fds: dict[int, int] = {}
+        self._sizes: dict[int, int] = {}
 
     def read(self, file_no: int, offset: int, length: int) -> bytes:
         """The `length` bytes at `offset` of file `file_no` (a whole record)."""
         fd = self._fds.get(file_no)
         path = file_path(self.journal_dir, file_no)
+        if not fmt.HEADER_BYTES <= length <= MAX_RECORD_BYTES or offset < 0:
+            raise CorruptionError(
+                f"record location of {length} bytes is impossible", str(path), offset
+            )
         try:
             if fd is None:
                 fd = self._fds[file_no] = os.open(path, os.O_RDONLY)
+            size = self._sizes.get(file_no, -1)
+            if offset + length > size:
+                # Files only grow while open (a record larger than the file size): look again.
+                size = self._sizes[file_no] = os.fstat(fd).st_size
+            if offset + length > size:
+                raise CorruptionError(
+                    f"record of {length} bytes runs past the end of the file ({size} bytes)",
+                    str(path),
+                    offset,
+                )
             data = os.pread(fd, length, offset)
+        except FileNotFoundError as exc:
+            raise CorruptionError("data file is missing", str(path), offset) from exc
         except OSError as exc:
             raise StoreError(f"journal read failed: {exc.strerror}", str(path), offset) from exc
+        if len(data) != length:
+            raise CorruptionError("record is truncated", str(path), offset)
         return data
 
     def forget(self, file_no: int) -> None:
         """Close the descriptor of a file that is about to go."""
         fd = self._fds.pop(file_no, None)
+        self._sizes.pop(file_no, None)
         if fd is not None:
             os.close(fd)
 
@@ -313,3 +341,4 @@ class FileReader:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self._sizes.clear()

@@ -34,6 +34,7 @@ Strings are UTF-8 with a length prefix: `str16` = u16 length + bytes, `str32` = 
                       id_count x dedup_id str16
     14 CHECKPOINT     file_no u32 | offset u64 | time_ms u64
     15 DEST_SEQ       seq u64 | destination str16   (last sequence is at least seq)
+    16 PADDING        zeros: bytes a repair overwrote (damaged records it skipped)
 
 `txno` 0 means "not transacted". Transaction numbers are the store's own, unique for the life of
 the journal; TX_BEGIN maps one to the client's transaction id for tools. Decoders check every
@@ -47,7 +48,7 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,11 +98,13 @@ class RecordType(enum.IntEnum):
     DEST_STATE = 13
     CHECKPOINT = 14
     DEST_SEQ = 15
+    PADDING = 16
 
 
 VALID_TYPES = frozenset(int(t) for t in RecordType)
 # crc32 of the type byte alone, the seed of every record's checksum.
 _TYPE_CRC = {int(t): zlib.crc32(bytes([int(t)])) for t in RecordType}
+TYPE_CRC_SEEDS: Mapping[int, int] = _TYPE_CRC
 
 
 class FormatError(ValueError):
@@ -246,6 +249,13 @@ class Checkpoint:
     time_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Padding:
+    """Bytes a repair overwrote because the records there were damaged; replay skips them."""
+
+    payload_bytes: int
+
+
 Record = (
     FileHeader
     | AddMeta
@@ -262,6 +272,7 @@ Record = (
     | DestState
     | DestSeq
     | Checkpoint
+    | Padding
 )
 
 
@@ -591,6 +602,11 @@ def decode(rtype: int, payload: bytes | memoryview) -> Record:
     elif rtype == RecordType.CHECKPOINT:
         file_no, offset, time_ms = r.fixed(_U32_U64_U64)
         record = Checkpoint(file_no, offset, time_ms)
+    elif rtype == RecordType.PADDING:
+        if not _all_zero(r.buf):
+            raise FormatError("padding holds non-zero bytes")
+        record = Padding(r.end)
+        r.pos = r.end
     elif rtype == RecordType.FILE_HEADER:
         magic, version, file_no, store_id, created_ms = r.fixed(_FILE_HEADER)
         if magic != MAGIC:
@@ -602,6 +618,33 @@ def decode(rtype: int, payload: bytes | memoryview) -> Record:
         raise FormatError(f"unknown record type {rtype}")
     r.done()
     return record
+
+
+_ZEROS = bytes(1 << 20)
+
+
+def _all_zero(view: memoryview) -> bool:
+    step = len(_ZEROS)
+    for i in range(0, len(view), step):
+        chunk = view[i : i + step].tobytes()
+        if chunk != _ZEROS[: len(chunk)]:
+            return False
+    return True
+
+
+def padding_header(record_bytes: int) -> bytes:
+    """The 9-byte header of a PADDING record that spans `record_bytes` (header included) of
+    zeros; the caller writes the zeros."""
+    length = record_bytes - HEADER_BYTES
+    if not 0 <= length <= MAX_PAYLOAD_BYTES:
+        raise FormatError(f"cannot pad {record_bytes} bytes")
+    crc = _TYPE_CRC[RecordType.PADDING]
+    left = length
+    while left:
+        n = min(left, len(_ZEROS))
+        crc = zlib.crc32(_ZEROS if n == len(_ZEROS) else _ZEROS[:n], crc)
+        left -= n
+    return HEADER.pack(length, crc, RecordType.PADDING)
 
 
 def encode_file_header(file_no: int, store_id: bytes, created_ms: int) -> bytes:

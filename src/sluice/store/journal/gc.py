@@ -20,8 +20,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sluice.errors import CorruptionError
 from sluice.store.journal import format as fmt
-from sluice.store.journal.index import MsgLoc, msg_key
+from sluice.store.journal.indexcodec import MsgLoc, dkey
 from sluice.store.journal.ops import Op
 from sluice.store.journal.scan import parse_add
 
@@ -131,6 +132,7 @@ def _copy_ops(writer: Writer, targets: list[int]) -> list[Op]:
     ops: list[Op] = []
     seen: set[bytes] = set()
     wanted = set(targets)
+    names = {dkey(name): name for name in state.dests}
     for file_no in targets:
         prefix = file_no.to_bytes(4, "big")
         cur = txn.cursor(db=rev_db)
@@ -148,12 +150,27 @@ def _copy_ops(writer: Writer, targets: list[int]) -> list[Op]:
             if raw is None:
                 continue
             loc = MsgLoc.decode(raw)
-            data = reader.read(loc.file_no, loc.offset, loc.length)
-            path = writer.journal_dir / f"db-{loc.file_no}.log"
-            message = parse_add(data, str(path), loc.offset, loc.length)
-            message.seq = int.from_bytes(mkey[16:], "big")
-            if msg_key(mkey[:16], message.seq) != mkey:
+            name = names.get(mkey[:16])
+            if name is None:
                 continue
+            seq = int.from_bytes(mkey[16:], "big")
+            path = str(writer.journal_dir / f"db-{loc.file_no}.log")
+            try:
+                data = reader.read(loc.file_no, loc.offset, loc.length)
+                message = parse_add(data, path, loc.offset, loc.length, destination=name, seq=seq)
+            except CorruptionError as exc:
+                # Dropped as `load` drops it, so one damaged record never stops compaction.
+                log.error(
+                    "journal gc: message %d of %s dropped, its record is damaged: %s",
+                    seq,
+                    name,
+                    exc,
+                )
+                with writer.lock:
+                    writer.stats.damaged_records += 1
+                ops.append(Op.of(fmt.Remove(0, name, seq)))
+                continue
+            message.seq = seq
             prefix_bytes, body, meta = fmt.encode_add(message, copy=True)
             ops.append(Op(fmt.RecordType.ADD, meta, [prefix_bytes, body], None))
     for sub in state.subs.values():

@@ -1,10 +1,12 @@
-"""The LMDB index: a checkpointed cache of the journal, and the codecs of its keys and values.
+"""The LMDB index: a checkpointed cache of the journal, kept with a digest of its own contents.
 
-Databases (all keys big endian so they sort numerically):
+Databases (all keys big endian so they sort numerically; codecs in `indexcodec.py`):
 
     meta   b"format" -> marker and version; b"store_id" -> the journal's 16-byte id;
            b"checkpoint" -> (file u32, offset u64): every record before it is reflected here;
-           b"next_txno" -> u64; b"state" -> b"ok" or b"building" (a rebuild did not finish)
+           b"next_txno" -> u64; b"state" -> b"ok" or b"building" (a rebuild did not finish);
+           b"digest" -> (entries u64, sum u64) for each of the other databases, in `DIGESTED`
+           order
     msgs   dkey(16) seq(8) -> file u32, offset u64, length u32, size u32, timestamp u64,
            commit_file u32 (the file of the TX_COMMIT that made it visible, 0 if none)
     rev    file(4) dkey(16) seq(8) -> b"": the messages that keep a file alive (compaction)
@@ -15,283 +17,83 @@ Databases (all keys big endian so they sort numerically):
     dedup  dkey(16) ordinal(8) -> one id of the destination's window, with the files it needs
     files  file(4) -> pins, live counts, data end, the files that must go before it
 
-`dkey`/`skey` are 128-bit BLAKE2b digests of the names, which keeps keys short and fixed whatever
-the length of a destination name (LMDB keys are limited to 511 bytes).
-
-LMDB pages carry no checksum, so `close()` leaves a `clean` file with the CRC-32 of `data.mdb`;
-`open` checks and deletes it. After a crash there is no marker and LMDB's own crash safety holds.
+Trust. LMDB pages carry no checksum and a damaged page can crash the process that maps it, so
+opening an index is a sequence of checks, any failure of which makes recovery rebuild it from the
+journal: a clean close leaves `clean`, the CRC-32 of `data.mdb`, checked at the next open; then
+`lmdbcheck` reads the file as a file (meta pages, size, every tree page, the free list); then LMDB
+opens it and `verify` reads every entry, checking key order and that each value decodes, and
+compares per-database entry counts and an order-independent digest (the sum, modulo 2**64, of a
+64-bit hash of each key and value) with the ones in `meta`. Every write goes through `put`,
+`put_marker`, `delete` or `delete_at`, which keep those numbers exact; `commit` stores them in the
+same transaction as the changes, so they hold after a crash too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import struct
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lmdb
 
-FORMAT_MARK = b"sluice-index\x00\x01"
+from sluice.store.journal import format as fmt
+from sluice.store.journal.indexcodec import (
+    MSG_VALUE,
+    DestInfo,
+    FileInfo,
+    IndexCorrupt,
+    MsgLoc,
+    SubInfo,
+    decode_dedup,
+    decode_tx_add,
+    decode_tx_remove,
+    dkey,
+    skey,
+)
+from sluice.store.journal.lmdbcheck import LmdbDamage, check_file
+
+FORMAT_MARK = b"sluice-index\x00\x02"
 _CLEAN = struct.Struct("<8sIQ")
 _CLEAN_MAGIC = b"SLUICEIX"
 _CP = struct.Struct("<IQ")
-_U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-MSG_VALUE = struct.Struct("<IQIIQI")
-_DEST = struct.Struct("<QQQQQIII")
-_SUB = struct.Struct("<QIIIB")
-_FILE = struct.Struct("<QQQQQI")
-_TX_ADD = struct.Struct("<IQIIQ")
-_TX_REMOVE = struct.Struct("<QI")
 _DBS = (b"meta", b"msgs", b"rev", b"tx", b"dests", b"subs", b"dedup", b"files")
+DIGESTED = _DBS[1:]
+_DIGEST = struct.Struct("<" + "QQ" * len(DIGESTED))
+_MASK64 = (1 << 64) - 1
+_MSG_KEY_BYTES = 24
+_REV_KEY_BYTES = 28
+# The largest record the index may point at.
+_MAX_RECORD_BYTES = fmt.HEADER_BYTES + fmt.MAX_PAYLOAD_BYTES
 
 
-class IndexCorrupt(Exception):
-    """The index cannot be trusted; it is rebuilt from the journal."""
+def entry_hash(key: bytes, value: bytes) -> int:
+    """The 64-bit hash of one entry that the digest sums: CRC-32 and Adler-32 of key + value."""
+    crc32, adler32 = zlib.crc32, zlib.adler32
+    return crc32(value, crc32(key)) | adler32(value, adler32(key)) << 32
 
 
-def dkey(destination: str) -> bytes:
-    """Fixed-size key of a destination."""
-    return hashlib.blake2b(destination.encode("utf-8"), digest_size=16).digest()
+@dataclass
+class Outside:
+    """A message entry whose location is not in the journal as it is on disk (a missing file,
+    or past the end of one): the index is intact, the journal lost data."""
+
+    key: bytes
+    loc: MsgLoc
+    problem: str
 
 
-def skey(client_id: str, name: str) -> bytes:
-    """Fixed-size key of a durable subscription."""
-    return hashlib.blake2b(f"{client_id}\0{name}".encode(), digest_size=16).digest()
+@dataclass
+class VerifyResult:
+    """What `verify` found besides damage (which raises)."""
 
-
-def msg_key(dk: bytes, seq: int) -> bytes:
-    """Key of a message in `msgs`."""
-    return dk + seq.to_bytes(8, "big")
-
-
-def rev_key(file_no: int, mkey: bytes) -> bytes:
-    """Key of a message in a file's reverse list."""
-    return file_no.to_bytes(4, "big") + mkey
-
-
-def file_key(file_no: int) -> bytes:
-    """Key of a file in `files`."""
-    return file_no.to_bytes(4, "big")
-
-
-@dataclass(slots=True)
-class MsgLoc:
-    """Where a stored message's record is, and what the index keeps about it."""
-
-    file_no: int
-    offset: int
-    length: int
-    size: int
-    timestamp_ms: int
-    commit_file: int = 0
-
-    def encode(self) -> bytes:
-        """The `msgs` value."""
-        return MSG_VALUE.pack(
-            self.file_no, self.offset, self.length, self.size, self.timestamp_ms, self.commit_file
-        )
-
-    @classmethod
-    def decode(cls, data: bytes | memoryview) -> MsgLoc:
-        """Parse a `msgs` value."""
-        if len(data) != MSG_VALUE.size:
-            raise IndexCorrupt("bad message entry")
-        return cls(*MSG_VALUE.unpack(data))
-
-    def files(self) -> tuple[int, ...]:
-        """The files this message needs: its ADD and, if transacted, its TX_COMMIT."""
-        if self.commit_file and self.commit_file != self.file_no:
-            return (self.file_no, self.commit_file)
-        return (self.file_no,)
-
-
-@dataclass(slots=True)
-class DestInfo:
-    """A destination's state in the index."""
-
-    name: str
-    last_seq: int = 0
-    count: int = 0
-    message_bytes: int = 0
-    dispatch_mark: int = 0
-    dedup_next: int = 1
-    seq_pin: int = 0  # file of the record that established last_seq
-    mark_pin: int = 0  # file of the record that established dispatch_mark
-    files: set[int] = field(default_factory=set)  # files with records that establish state
-
-    def encode(self) -> bytes:
-        """The `dests` value."""
-        files = sorted(self.files)
-        return (
-            _DEST.pack(
-                self.last_seq,
-                self.count,
-                self.message_bytes,
-                self.dispatch_mark,
-                self.dedup_next,
-                self.seq_pin,
-                self.mark_pin,
-                len(files),
-            )
-            + struct.pack(f"<{len(files)}I", *files)
-            + self.name.encode("utf-8")
-        )
-
-    @classmethod
-    def decode(cls, data: bytes | memoryview) -> DestInfo:
-        """Parse a `dests` value."""
-        try:
-            fields = _DEST.unpack_from(data, 0)
-            n = fields[7]
-            files = struct.unpack_from(f"<{n}I", data, _DEST.size)
-            name = bytes(data[_DEST.size + 4 * n :]).decode("utf-8")
-        except (struct.error, UnicodeDecodeError) as exc:
-            raise IndexCorrupt("bad destination entry") from exc
-        last_seq, count, message_bytes, mark, dedup_next, seq_pin, mark_pin = fields[:7]
-        return cls(
-            name, last_seq, count, message_bytes, mark, dedup_next, seq_pin, mark_pin, set(files)
-        )
-
-
-@dataclass(slots=True)
-class SubInfo:
-    """A durable subscription in the index."""
-
-    client_id: str
-    name: str
-    destination: str
-    selector: str | None
-    cursor: int
-    pin: int = 0  # file of the record that set the current cursor (SUB_PUT or SUB_CURSOR)
-    put_pin: int = 0  # file of the SUB_PUT that created it: a cursor alone cannot
-    files: set[int] = field(default_factory=set)
-
-    def encode(self) -> bytes:
-        """The `subs` value."""
-        files = sorted(self.files)
-        texts = [self.client_id, self.name, self.destination, self.selector or ""]
-        encoded = b"".join(_U32.pack(len(b)) + b for b in (t.encode("utf-8") for t in texts))
-        return (
-            _SUB.pack(self.cursor, self.pin, self.put_pin, len(files), self.selector is not None)
-            + struct.pack(f"<{len(files)}I", *files)
-            + encoded
-        )
-
-    @classmethod
-    def decode(cls, data: bytes | memoryview) -> SubInfo:
-        """Parse a `subs` value."""
-        try:
-            cursor, pin, put_pin, n, has_selector = _SUB.unpack_from(data, 0)
-            pos = _SUB.size
-            files = struct.unpack_from(f"<{n}I", data, pos)
-            pos += 4 * n
-            texts = []
-            for _ in range(4):
-                (length,) = _U32.unpack_from(data, pos)
-                pos += 4
-                if pos + length > len(data):
-                    raise IndexCorrupt("bad subscription entry")
-                texts.append(bytes(data[pos : pos + length]).decode("utf-8"))
-                pos += length
-        except (struct.error, UnicodeDecodeError) as exc:
-            raise IndexCorrupt("bad subscription entry") from exc
-        selector = texts[3] if has_selector else None
-        return cls(texts[0], texts[1], texts[2], selector, cursor, pin, put_pin, set(files))
-
-
-@dataclass(slots=True)
-class FileInfo:
-    """A data file's liveness.
-
-    `pins` counts everything that needs the file: live messages whose ADD or TX_COMMIT is in it,
-    records of open transactions, and current state records (subscription, a destination's last
-    sequence, dispatch mark, dedup ids). `deps` are files that must be gone before this one may
-    go, because this file holds records that undo something in them (a remove of a message they
-    hold): dropping this file first would let a rebuild resurrect what it undid."""
-
-    pins: int = 0
-    tx_pins: int = 0
-    live_msgs: int = 0
-    live_bytes: int = 0
-    data_bytes: int = 0
-    deps: set[int] = field(default_factory=set)
-
-    def encode(self) -> bytes:
-        """The `files` value."""
-        deps = sorted(self.deps)
-        return _FILE.pack(
-            self.pins, self.tx_pins, self.live_msgs, self.live_bytes, self.data_bytes, len(deps)
-        ) + struct.pack(f"<{len(deps)}I", *deps)
-
-    @classmethod
-    def decode(cls, data: bytes | memoryview) -> FileInfo:
-        """Parse a `files` value."""
-        try:
-            *counts, n = _FILE.unpack_from(data, 0)
-            deps = struct.unpack_from(f"<{n}I", data, _FILE.size)
-        except struct.error as exc:
-            raise IndexCorrupt("bad file entry") from exc
-        pins, tx_pins, live_msgs, live_bytes, data_bytes = counts
-        return cls(pins, tx_pins, live_msgs, live_bytes, data_bytes, set(deps))
-
-
-def encode_tx_add(loc: MsgLoc, destination: str, dedup_id: str) -> bytes:
-    """Value of an open transaction's add."""
-    d = destination.encode("utf-8")
-    return (
-        _TX_ADD.pack(loc.file_no, loc.offset, loc.length, loc.size, loc.timestamp_ms)
-        + _U32.pack(len(d))
-        + d
-        + dedup_id.encode("utf-8")
-    )
-
-
-def decode_tx_add(data: bytes | memoryview) -> tuple[MsgLoc, str, str]:
-    """(location, destination, dedup id) of an open transaction's add."""
-    try:
-        file_no, offset, length, size, ts = _TX_ADD.unpack_from(data, 0)
-        (n,) = _U32.unpack_from(data, _TX_ADD.size)
-        pos = _TX_ADD.size + 4
-        destination = bytes(data[pos : pos + n]).decode("utf-8")
-        dedup_id = bytes(data[pos + n :]).decode("utf-8")
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise IndexCorrupt("bad transaction entry") from exc
-    return MsgLoc(file_no, offset, length, size, ts), destination, dedup_id
-
-
-def encode_tx_remove(seq: int, file_no: int, destination: str) -> bytes:
-    """Value of an open transaction's remove."""
-    return _TX_REMOVE.pack(seq, file_no) + destination.encode("utf-8")
-
-
-def decode_tx_remove(data: bytes | memoryview) -> tuple[int, int, str]:
-    """(seq, file of the record, destination) of an open transaction's remove."""
-    try:
-        seq, file_no = _TX_REMOVE.unpack_from(data, 0)
-        destination = bytes(data[_TX_REMOVE.size :]).decode("utf-8")
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise IndexCorrupt("bad transaction entry") from exc
-    return seq, file_no, destination
-
-
-def encode_dedup(dedup_id: str, files: tuple[int, ...]) -> bytes:
-    """Value of one dedup window entry."""
-    return bytes([len(files)]) + struct.pack(f"<{len(files)}I", *files) + dedup_id.encode()
-
-
-def decode_dedup(data: bytes | memoryview) -> tuple[str, tuple[int, ...]]:
-    """(id, files) of one dedup window entry."""
-    try:
-        n = data[0]
-        files = struct.unpack_from(f"<{n}I", data, 1)
-        return bytes(data[1 + 4 * n :]).decode("utf-8"), files
-    except (IndexError, struct.error, UnicodeDecodeError) as exc:
-        raise IndexCorrupt("bad dedup entry") from exc
+    entries: dict[bytes, int] = field(default_factory=dict)
+    outside: list[Outside] = field(default_factory=list)
 
 
 def _data_file(index_dir: Path) -> Path:
@@ -306,6 +108,106 @@ def _checksum(path: Path) -> tuple[int, int]:
             crc = zlib.crc32(chunk, crc)
             size += len(chunk)
     return crc, size
+
+
+def check_structure(index_dir: Path) -> None:
+    """Check `data.mdb` as a file before LMDB may map it; raises `IndexCorrupt`."""
+    try:
+        check_file(_data_file(index_dir), _DBS)
+    except LmdbDamage as exc:
+        raise IndexCorrupt(str(exc)) from exc
+    except OSError as exc:
+        raise IndexCorrupt(f"cannot read {_data_file(index_dir)}: {exc.strerror}") from exc
+
+
+def _check_value(name: bytes, key: bytes, value: bytes) -> None:
+    """Decode one entry of a small table; raises `IndexCorrupt`."""
+    if name == b"dests":
+        if len(key) != 16 or dkey(DestInfo.decode(value).name) != key:
+            raise IndexCorrupt("destination entry does not match its key")
+    elif name == b"subs":
+        sub = SubInfo.decode(value)
+        if len(key) != 16 or skey(sub.client_id, sub.name) != key:
+            raise IndexCorrupt("subscription entry does not match its key")
+    elif name == b"files":
+        if len(key) != 4:
+            raise IndexCorrupt("bad file key")
+        FileInfo.decode(value)
+    elif name == b"dedup":
+        if len(key) != 24:
+            raise IndexCorrupt("bad dedup key")
+        decode_dedup(value)
+    elif name == b"tx":
+        kind = key[8:9]
+        if kind == b"\x00" and len(key) == 13:
+            decode_tx_add(value)
+        elif kind == b"\x01" and len(key) == 21:
+            decode_tx_remove(value)
+        elif not (kind == b"\x02" and len(key) == 9 and len(value) == 4):
+            raise IndexCorrupt("bad transaction entry")
+
+
+def verify_entries(
+    txn: Any, dbs: Mapping[bytes, Any], file_sizes: Mapping[int, int]
+) -> tuple[dict[bytes, tuple[int, int]], VerifyResult]:
+    """Read every entry of the digested databases: keys in order, values that decode; returns the
+    (entries, digest) of each and what points outside the journal (`file_sizes`: file -> bytes).
+    Raises `IndexCorrupt`."""
+    found: dict[bytes, tuple[int, int]] = {}
+    result = VerifyResult()
+    unpack_loc = MSG_VALUE.unpack
+    for name in DIGESTED:
+        total = 0
+        count = 0
+        prev = b""
+        for key, value in txn.cursor(db=dbs[name]).iternext():
+            if key <= prev or len(key) > 511:
+                raise IndexCorrupt(f"{name.decode()} keys out of order")
+            prev = key
+            count += 1
+            total += entry_hash(key, value)
+            if name == b"msgs":
+                if len(key) != _MSG_KEY_BYTES or len(value) != MSG_VALUE.size:
+                    raise IndexCorrupt("bad message entry")
+                file_no, offset, length, _size, _ts, commit_file = unpack_loc(value)
+                size = file_sizes.get(file_no)
+                problem = ""
+                if length < fmt.HEADER_BYTES or length > _MAX_RECORD_BYTES:
+                    raise IndexCorrupt(f"message entry with a record length of {length}")
+                if size is None:
+                    problem = "its data file is missing"
+                elif offset < fmt.FILE_HEADER_RECORD_BYTES or offset + length > size:
+                    problem = f"its record would run past the end of the file ({size} bytes)"
+                elif commit_file and commit_file not in file_sizes:
+                    problem = f"the file of its commit, db-{commit_file}.log, is missing"
+                if problem:
+                    loc = MsgLoc(*unpack_loc(value))
+                    result.outside.append(Outside(key, loc, problem))
+            elif name == b"rev":
+                if len(key) != _REV_KEY_BYTES or value:
+                    raise IndexCorrupt("bad reverse entry")
+            else:
+                _check_value(name, key, value)
+        found[name] = (count, total & _MASK64)
+        result.entries[name] = count
+    return found, result
+
+
+def digest_problems(txn: Any, dbs: Mapping[bytes, Any], found: Mapping[bytes, Any]) -> list[str]:
+    """How the entries `verify_entries` found differ from the digest in `meta`."""
+    raw = txn.get(b"digest", db=dbs[b"meta"])
+    if raw is None or len(raw) != _DIGEST.size:
+        return ["index digest missing"]
+    numbers = _DIGEST.unpack(raw)
+    out = []
+    for i, name in enumerate(DIGESTED):
+        recorded = (numbers[2 * i], numbers[2 * i + 1])
+        if tuple(found[name]) != recorded:
+            out.append(
+                f"{name.decode()} holds {found[name][0]} entries that do not match the digest "
+                f"written with them ({recorded[0]} entries)"
+            )
+    return out
 
 
 class Index:
@@ -326,19 +228,36 @@ class Index:
                 readahead=False,
                 max_readers=256,
             )
-            self.dbs: dict[bytes, Any] = {name: self.env.open_db(name) for name in _DBS}
+            # One write transaction (one sync) for all of them.
+            with self.env.begin(write=True) as txn:
+                self.dbs: dict[bytes, Any] = {
+                    name: self.env.open_db(name, txn=txn) for name in _DBS
+                }
         except lmdb.Error as exc:
             raise IndexCorrupt(f"LMDB failed to open: {exc}") from exc
         self.txn: Any = None
+        # Entries and digest of each database as the write transaction has them, and as the
+        # last commit left them.
+        self.counts = dict.fromkeys(DIGESTED, 0)
+        self.sums = dict.fromkeys(DIGESTED, 0)
+        self._committed = (dict(self.counts), dict(self.sums))
+        self.verified = VerifyResult()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     @classmethod
     def open_checked(
-        cls, index_dir: Path, map_bytes: int, store_id: bytes, *, durable: bool
+        cls,
+        index_dir: Path,
+        map_bytes: int,
+        store_id: bytes,
+        *,
+        durable: bool,
+        file_sizes: Mapping[int, int],
     ) -> Index:
-        """Open an existing index and check its clean-close checksum and format marker.
-        Raises `IndexCorrupt` (or FileNotFoundError when there is none)."""
+        """Open an existing index after the checks described at the top (`file_sizes`: the data
+        files present, file number -> bytes). Raises `IndexCorrupt` (or FileNotFoundError when
+        there is none); `verified.outside` lists entries the journal on disk cannot back."""
         data = _data_file(index_dir)
         if not data.is_file():
             raise FileNotFoundError(str(data))
@@ -350,6 +269,7 @@ class Index:
                 raise IndexCorrupt("index checksum does not match the one written at close")
             # From now on the file changes; a crash must not leave a stale marker.
             clean.unlink()
+        check_structure(index_dir)
         index = cls(index_dir, map_bytes, durable=durable)
         try:
             with index.env.begin() as txn:
@@ -357,12 +277,23 @@ class Index:
                 mark = txn.get(b"format", db=meta)
                 sid = txn.get(b"store_id", db=meta)
                 state = txn.get(b"state", db=meta)
-            if mark != FORMAT_MARK:
-                raise IndexCorrupt("index format marker missing or unknown")
-            if sid != store_id:
-                raise IndexCorrupt("index belongs to another journal")
-            if state != b"ok":
-                raise IndexCorrupt("an index rebuild did not finish")
+                digest = txn.get(b"digest", db=meta)
+                if mark != FORMAT_MARK:
+                    raise IndexCorrupt("index format marker missing or unknown")
+                if sid != store_id:
+                    raise IndexCorrupt("index belongs to another journal")
+                if state != b"ok":
+                    raise IndexCorrupt("an index rebuild did not finish")
+                if digest is None or len(digest) != _DIGEST.size:
+                    raise IndexCorrupt("index digest missing")
+                found, index.verified = verify_entries(txn, index.dbs, file_sizes)
+                problems = digest_problems(txn, index.dbs, found)
+                if problems:
+                    raise IndexCorrupt(problems[0])
+            numbers = _DIGEST.unpack(digest)
+            for i, name in enumerate(DIGESTED):
+                index.counts[name], index.sums[name] = numbers[2 * i], numbers[2 * i + 1]
+            index._committed = (dict(index.counts), dict(index.sums))
         except lmdb.Error as exc:
             index.env.close()
             raise IndexCorrupt(f"LMDB error: {exc}") from exc
@@ -391,6 +322,7 @@ class Index:
         if not _data_file(index_dir).is_file():
             return None
         try:
+            check_structure(index_dir)
             env = lmdb.open(str(index_dir), max_dbs=len(_DBS), readonly=True, lock=False)
             try:
                 meta = env.open_db(b"meta", create=False)
@@ -398,7 +330,7 @@ class Index:
                     value = txn.get(b"store_id", db=meta)
             finally:
                 env.close()
-        except lmdb.Error:
+        except (lmdb.Error, IndexCorrupt):
             return None
         return bytes(value) if value is not None and len(value) == 16 else None
 
@@ -407,9 +339,15 @@ class Index:
         self.txn = self.env.begin(write=True)
 
     def commit(self, *, reopen: bool = False) -> None:
-        """Commit the write transaction (durable when the index is), optionally starting the
-        next one."""
+        """Commit the write transaction with the digest of what it holds (durable when the index
+        is), optionally starting the next one."""
+        numbers: list[int] = []
+        for name in DIGESTED:
+            numbers.append(self.counts[name])
+            numbers.append(self.sums[name] & _MASK64)
+        self.txn.put(b"digest", _DIGEST.pack(*numbers), db=self.dbs[b"meta"])
         self.txn.commit()
+        self._committed = (dict(self.counts), dict(self.sums))
         self.txn = self.env.begin(write=True) if reopen else None
 
     def abort(self) -> None:
@@ -417,6 +355,7 @@ class Index:
         if self.txn is not None:
             self.txn.abort()
             self.txn = None
+            self.counts, self.sums = (dict(d) for d in self._committed)
 
     def begin_read(self) -> Any:
         """A read-only transaction (a consistent snapshot of the last commit)."""
@@ -440,6 +379,40 @@ class Index:
             return _data_file(self.dir).stat().st_size
         except OSError:
             return 0
+
+    # -- writes (in the write transaction; each keeps the digest exact) --------------------------
+
+    def put(self, name: bytes, key: bytes, value: bytes) -> bytes | None:
+        """Insert or replace an entry; returns the value it replaced."""
+        old = self.txn.replace(key, value, db=self.dbs[name])
+        if old is None:
+            self.counts[name] += 1
+        else:
+            self.sums[name] -= entry_hash(key, old)
+        self.sums[name] += entry_hash(key, value)
+        return old  # type: ignore[no-any-return]
+
+    def put_marker(self, name: bytes, key: bytes) -> None:
+        """Insert an entry with an empty value unless it exists."""
+        if self.txn.put(key, b"", db=self.dbs[name], overwrite=False):
+            self.counts[name] += 1
+            self.sums[name] += entry_hash(key, b"")
+
+    def delete(self, name: bytes, key: bytes) -> bytes | None:
+        """Delete an entry; returns its value (None if there was none)."""
+        old = self.txn.pop(key, db=self.dbs[name])
+        if old is not None:
+            self.counts[name] -= 1
+            self.sums[name] -= entry_hash(key, old)
+        return old  # type: ignore[no-any-return]
+
+    def delete_at(self, name: bytes, cursor: Any) -> bool:
+        """Delete the entry under a write cursor of database `name`; as `Cursor.delete`, returns
+        whether the cursor still points at an entry."""
+        key, value = cursor.item()
+        self.counts[name] -= 1
+        self.sums[name] -= entry_hash(key, value)
+        return bool(cursor.delete())
 
     # -- meta ------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ length, checksum and payload all check out.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,30 +98,127 @@ def check_record(data: bytes, offset: int, *, layout: bool = True) -> tuple[int,
     return rtype, fmt.HEADER_BYTES + length, ""
 
 
-def resync(data: bytes, start: int) -> int | None:
-    """Offset of the next valid record at or after `start`, or None."""
+# Resync looks for candidates a window at a time, so its scratch memory stays bounded.
+_WINDOW = 1024 * 1024
+# A candidate whose next header is implausible is still checked when this small: a valid record
+# followed by another damaged one must not be lost, and checking a small one costs little.
+_SMALL_RECORD_BYTES = 64 * 1024
+_TYPE_MASK = bytes(1 if b in fmt.VALID_TYPES else 0 for b in range(256))
+_HIGH_MASKS = [
+    bytes(1 if b <= hi else 0 for b in range(256))
+    for hi in range((fmt.MAX_PAYLOAD_BYTES >> 24) + 1)
+]
+
+
+def _candidates(data: bytes, start: int) -> Iterator[int]:
+    """Offsets at or after `start` whose type byte is a record type and whose length's high byte
+    allows a length within the record bound and the file: found with bulk byte operations, so
+    a long stretch of damage costs a few passes in C rather than a Python step per byte."""
     size = len(data)
+    high = _HIGH_MASKS[min(fmt.MAX_PAYLOAD_BYTES, size) >> 24]
+    last = size - fmt.HEADER_BYTES  # the last offset where a header fits
     pos = start
-    type_at = fmt.HEADER_BYTES - 1
-    while pos + fmt.HEADER_BYTES <= size:
-        if data[pos + type_at] == 0:
-            # No record has type 0: skip the whole zero run under the type byte.
-            pos = max(pos + 1, first_nonzero(data, pos + type_at) - type_at)
+    while pos <= last:
+        end = min(last, pos + _WINDOW - 1)
+        count = end - pos + 1
+        types = data[pos + fmt.HEADER_BYTES - 1 : pos + fmt.HEADER_BYTES - 1 + count]
+        highs = data[pos + 3 : pos + 3 + count]
+        both = int.from_bytes(types.translate(_TYPE_MASK), "little") & int.from_bytes(
+            highs.translate(high), "little"
+        )
+        if both:
+            hits = both.to_bytes(count, "little")
+            i = hits.find(1)
+            while i >= 0:
+                yield pos + i
+                i = hits.find(1, i + 1)
+        pos = end + 1
+
+
+def _plausible_next(data: bytes, offset: int) -> bool:
+    """Whether what follows a record ending at `offset` could be the file's next thing: the end
+    of the file, zero fill (the end-of-data mark) or a header with a known type and a length
+    that fits."""
+    size = len(data)
+    left = size - offset
+    if left < fmt.HEADER_BYTES:
+        return not any(data[offset:])
+    length, crc, rtype = fmt.HEADER.unpack_from(data, offset)
+    if rtype == 0:
+        return bool(length == 0 and crc == 0)
+    return rtype in fmt.VALID_TYPES and length <= min(
+        fmt.MAX_PAYLOAD_BYTES, left - fmt.HEADER_BYTES
+    )
+
+
+def _layout_ok(rtype: int, payload: memoryview) -> bool:
+    try:
+        if rtype == fmt.RecordType.ADD:
+            fmt.decode_add(payload)
+        else:
+            fmt.decode(rtype, payload)
+    except fmt.FormatError:
+        return False
+    return True
+
+
+def resync(data: bytes, start: int) -> int | None:
+    """Offset of the next valid record at or after `start`, or None.
+
+    Candidates are filtered cheapest first: a known type byte and a length within the record
+    bound and the file (in bulk, `_candidates`), a plausible next header or zero fill after it
+    (or a small record), a payload that follows its type's layout; only then the checksum."""
+    size = len(data)
+    view = memoryview(data)
+    for pos in _candidates(data, start):
+        length, crc, rtype = fmt.HEADER.unpack_from(data, pos)
+        payload_start = pos + fmt.HEADER_BYTES
+        end = payload_start + length
+        if length > fmt.MAX_PAYLOAD_BYTES or end > size:
             continue
-        rtype, _, _ = check_record(data, pos)
-        if rtype:
+        if length > _SMALL_RECORD_BYTES and not _plausible_next(data, end):
+            continue
+        payload = view[payload_start:end]
+        if not _layout_ok(rtype, payload):
+            continue
+        if fmt.payload_crc(rtype, payload) == crc:
             return pos
-        pos += 1
     return None
+
+
+def _valid_run(data: bytes, pos: int, stop: int) -> int:
+    """Step over valid records (checksums only) from `pos` while they start before `stop`;
+    returns where that ends. The tight loop of a start that verifies the whole journal."""
+    size = len(data)
+    view = memoryview(data)
+    unpack = fmt.HEADER.unpack_from
+    crc32 = zlib.crc32
+    seeds = fmt.TYPE_CRC_SEEDS
+    limit = fmt.MAX_PAYLOAD_BYTES
+    header = fmt.HEADER_BYTES
+    while pos < stop and size - pos >= header:
+        length, crc, rtype = unpack(data, pos)
+        seed = seeds.get(rtype)
+        end = pos + header + length
+        if seed is None or length > limit or end > size:
+            break
+        if crc32(view[pos + header : end], seed) != crc:
+            break
+        pos = end
+    return pos
 
 
 class FileScan:
     """Iterate the records of one file from `start`; afterwards `end_offset` is where valid
-    data ends (where a writer would append) and `damages` lists what was not valid."""
+    data ends (where a writer would append) and `damages` lists what was not valid.
 
-    def __init__(self, path: Path, start: int = 0) -> None:
+    With `records_from`, records that start before it are only checked, not yielded (damage
+    is yielded wherever it is); the file header record is always yielded."""
+
+    def __init__(self, path: Path, start: int = 0, *, records_from: int = 0) -> None:
         self.path = path
         self.start = start
+        self.records_from = records_from
         with open(path, "rb") as f:
             self.data = f.read()
         self.end_offset = start
@@ -137,11 +235,17 @@ class FileScan:
         view = memoryview(data)
         pos = self.start
         while pos < size:
+            if 0 < pos < self.records_from:
+                pos = self.end_offset = _valid_run(data, pos, self.records_from)
+                if pos >= self.records_from or pos >= size:
+                    continue
             if size - pos >= fmt.HEADER_BYTES and not any(data[pos : pos + fmt.HEADER_BYTES]):
                 nonzero = first_nonzero(data, pos)
                 if nonzero == size:
                     break  # the preallocated zero tail: not damage
-                damage = self._damage(pos, nonzero, "data after the end-of-data mark")
+                # A record's type byte is never zero, but its first bytes may be.
+                search_from = max(pos + 1, nonzero - fmt.HEADER_BYTES + 1)
+                damage = self._damage(pos, search_from, "data after the end-of-data mark")
             else:
                 rtype, length, reason = check_record(data, pos, layout=False)
                 if rtype:
@@ -166,8 +270,18 @@ class FileScan:
         return Damage(offset, resume, max(end, offset), reason)
 
 
-def parse_add(data: bytes, path: str, offset: int, length: int) -> StoredMessage:
-    """The message in an ADD record read back by location; damage raises `CorruptionError`."""
+def parse_add(
+    data: bytes,
+    path: str,
+    offset: int,
+    length: int,
+    *,
+    destination: str | None = None,
+    seq: int = 0,
+) -> StoredMessage:
+    """The message in an ADD record read back by location; damage raises `CorruptionError`, and
+    so does a record of another message than `destination`/`seq` when they are given (a
+    transacted add carries sequence 0: its commit assigned the sequence)."""
     if len(data) != length or len(data) < fmt.HEADER_BYTES:
         raise CorruptionError("message record is truncated", path, offset)
     payload_length, crc, rtype = fmt.HEADER.unpack_from(data, 0)
@@ -182,4 +296,8 @@ def parse_add(data: bytes, path: str, offset: int, length: int) -> StoredMessage
         message, _ = fmt.decode_add(payload)
     except fmt.FormatError as exc:
         raise CorruptionError(f"message record is malformed: {exc}", path, offset) from exc
+    if destination is not None and (
+        message.destination != destination or message.seq not in (0, seq)
+    ):
+        raise CorruptionError("the index points at another message's record", path, offset)
     return message

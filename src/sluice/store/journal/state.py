@@ -16,10 +16,10 @@ from collections.abc import Iterable
 
 from sluice.store.api import RecoveredDestination, RecoveredSubscription
 from sluice.store.journal import format as fmt
-from sluice.store.journal.index import (
+from sluice.store.journal.index import Index
+from sluice.store.journal.indexcodec import (
     DestInfo,
     FileInfo,
-    Index,
     IndexCorrupt,
     MsgLoc,
     SubInfo,
@@ -105,26 +105,25 @@ class JournalState:
 
     def flush(self, checkpoint: tuple[int, int], *, ok: bool = True) -> None:
         """Write the changed tables and the checkpoint position into the write transaction."""
-        txn = self.index.txn
-        dests_db, subs_db, files_db = self._db[b"dests"], self._db[b"subs"], self._db[b"files"]
+        index = self.index
         for name in self._dirty_dests:
             info = self.dests.get(name)
             if info is None:
-                txn.delete(dkey(name), db=dests_db)
+                index.delete(b"dests", dkey(name))
             else:
-                txn.put(dkey(name), info.encode(), db=dests_db)
+                index.put(b"dests", dkey(name), info.encode())
         for key in self._dirty_subs:
             sub = self.subs.get(key)
             if sub is None:
-                txn.delete(skey(*key), db=subs_db)
+                index.delete(b"subs", skey(*key))
             else:
-                txn.put(skey(*key), sub.encode(), db=subs_db)
+                index.put(b"subs", skey(*key), sub.encode())
         for file_no in self._dirty_files:
             fi = self.files.get(file_no)
             if fi is None:
-                txn.delete(file_key(file_no), db=files_db)
+                index.delete(b"files", file_key(file_no))
             else:
-                txn.put(file_key(file_no), fi.encode(), db=files_db)
+                index.put(b"files", file_key(file_no), fi.encode())
         for name in self._dirty_dedup:
             self._flush_dedup(name)
         self._dirty_dests.clear()
@@ -146,12 +145,14 @@ class JournalState:
                 key = cur.key()
                 if not key or key[:16] != dk or int.from_bytes(key[16:], "big") >= first:
                     break
-                if not cur.delete():
+                if not self.index.delete_at(b"dedup", cur):
                     break
         saved = self._dedup_saved.get(name, 0)
         for ordinal, dedup_id, files in window or ():
             if ordinal > saved:
-                txn.put(dk + ordinal.to_bytes(8, "big"), encode_dedup(dedup_id, files), db=db)
+                self.index.put(
+                    b"dedup", dk + ordinal.to_bytes(8, "big"), encode_dedup(dedup_id, files)
+                )
         if window:
             self._dedup_saved[name] = window[-1][0]
         else:
@@ -251,10 +252,8 @@ class JournalState:
             self._remove_range(record.destination, record.upto_seq, file_no)
         elif isinstance(record, fmt.TxBegin):
             self._note_txno(record.txno)
-            self.index.txn.put(
-                record.txno.to_bytes(8, "big") + _TX_BEGIN,
-                file_no.to_bytes(4, "big"),
-                db=self._db[b"tx"],
+            self.index.put(
+                b"tx", record.txno.to_bytes(8, "big") + _TX_BEGIN, file_no.to_bytes(4, "big")
             )
         elif isinstance(record, fmt.TxCommit):
             self._close_tx(record.txno, file_no, record.seqs)
@@ -319,21 +318,19 @@ class JournalState:
             self.next_txno = txno + 1
 
     def _put_message(self, name: str, seq: int, loc: MsgLoc, dedup_id: str) -> None:
-        txn = self.index.txn
-        msgs, rev = self._db[b"msgs"], self._db[b"rev"]
+        index = self.index
         info = self._dest(name)
         mkey = msg_key(dkey(name), seq)
-        old = txn.get(mkey, db=msgs)
+        old = index.put(b"msgs", mkey, loc.encode())
         if old is not None:
             # A compaction copy (or a replayed re-add) replaces the entry in place.
             old_loc = MsgLoc.decode(old)
             self._release(mkey, old_loc)
             info.count -= 1
             info.message_bytes -= old_loc.size
-        txn.put(mkey, loc.encode(), db=msgs)
         files = loc.files()
         for f in files:
-            txn.put(rev_key(f, mkey), b"", db=rev)
+            index.put_marker(b"rev", rev_key(f, mkey))
             self._pin(f)
             info.files.add(f)
         fi = self.files[loc.file_no]
@@ -347,10 +344,44 @@ class JournalState:
         if dedup_id and self.dedup_window > 0:
             self._dedup_push(info, dedup_id, files)
 
+    def messages_in(self, file_no: int, start: int, end: int) -> list[bytes]:
+        """Keys of the live messages whose ADD record lies in [start, end) of a file."""
+        txn = self.index.txn
+        msgs = self._db[b"msgs"]
+        prefix = file_key(file_no)
+        out = []
+        cur = txn.cursor(db=self._db[b"rev"])
+        if cur.set_range(prefix):
+            for key in cur.iternext(keys=True, values=False):
+                if key[:4] != prefix:
+                    break
+                mkey = bytes(key[4:])
+                raw = txn.get(mkey, db=msgs)
+                if raw is None:
+                    continue
+                loc = MsgLoc.decode(raw)
+                if loc.file_no == file_no and start <= loc.offset < end:
+                    out.append(mkey)
+        return out
+
+    def drop_lost(self, keys: Iterable[bytes]) -> list[tuple[str, int, MsgLoc]]:
+        """Forget messages whose records are lost (repair); returns (destination, seq,
+        location) of each one dropped."""
+        names = {dkey(name): name for name in self.dests}
+        out = []
+        for mkey in keys:
+            name = names.get(mkey[:16])
+            raw = self.index.txn.get(mkey, db=self._db[b"msgs"])
+            if name is None or raw is None:
+                continue
+            seq = int.from_bytes(mkey[16:], "big")
+            self._remove_message(name, seq, ())
+            out.append((name, seq, MsgLoc.decode(raw)))
+        return out
+
     def _release(self, mkey: bytes, loc: MsgLoc) -> None:
-        rev = self._db[b"rev"]
         for f in loc.files():
-            self.index.txn.delete(rev_key(f, mkey), db=rev)
+            self.index.delete(b"rev", rev_key(f, mkey))
             self._unpin(f)
         fi = self.files.get(loc.file_no)
         if fi is not None:
@@ -359,9 +390,8 @@ class JournalState:
             self._dirty_files.add(loc.file_no)
 
     def _remove_message(self, name: str, seq: int, record_files: tuple[int, ...]) -> None:
-        txn = self.index.txn
         mkey = msg_key(dkey(name), seq)
-        raw = txn.pop(mkey, db=self._db[b"msgs"])
+        raw = self.index.delete(b"msgs", mkey)
         if raw is None:
             return
         loc = MsgLoc.decode(raw)
@@ -390,7 +420,7 @@ class JournalState:
                 info.message_bytes -= loc.size
                 self._add_deps(file_no, loc.files())
                 removed += 1
-                if not cur.delete():
+                if not self.index.delete_at(b"msgs", cur):
                     break
         self._dirty_dests.add(name)
         return removed
@@ -417,8 +447,7 @@ class JournalState:
     def _tx_add(self, record: fmt.AddMeta, loc: MsgLoc) -> None:
         self._note_txno(record.txno)
         key = record.txno.to_bytes(8, "big") + _TX_ADD + record.ordinal.to_bytes(4, "big")
-        value = encode_tx_add(loc, record.destination, record.dedup_id)
-        self.index.txn.put(key, value, db=self._db[b"tx"])
+        self.index.put(b"tx", key, encode_tx_add(loc, record.destination, record.dedup_id))
         self._pin(loc.file_no)
         self.files[loc.file_no].tx_pins += 1
 
@@ -430,8 +459,7 @@ class JournalState:
             + file_no.to_bytes(4, "big")
             + offset.to_bytes(8, "big")
         )
-        value = encode_tx_remove(record.seq, file_no, record.destination)
-        self.index.txn.put(key, value, db=self._db[b"tx"])
+        self.index.put(b"tx", key, encode_tx_remove(record.seq, file_no, record.destination))
         self._pin(file_no)
         self.files[file_no].tx_pins += 1
 
@@ -475,7 +503,7 @@ class JournalState:
                     removes.append((name, seq, rfile))
                 else:
                     tx_files.add(int.from_bytes(cur.value(), "big"))
-                if not cur.delete():
+                if not self.index.delete_at(b"tx", cur):
                     break
         if seqs is not None:
             for name, seq, rfile in removes:

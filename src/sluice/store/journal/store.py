@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from sluice.config import StoreConfig, SyncPolicy
-from sluice.errors import StoreError
+from sluice.errors import CorruptionError, StoreError
 from sluice.store.api import (
     CompletionSink,
     RecoveredSubscription,
@@ -39,7 +39,8 @@ from sluice.store.api import (
 from sluice.store.journal import format as fmt
 from sluice.store.journal.files import FileReader, Preallocator, file_path, list_files
 from sluice.store.journal.gc import GcResult
-from sluice.store.journal.index import Index, MsgLoc, dkey, msg_key
+from sluice.store.journal.index import Index
+from sluice.store.journal.indexcodec import MsgLoc, dkey, msg_key
 from sluice.store.journal.ops import Op
 from sluice.store.journal.overlay import MAX_SEQ, Overlay
 from sluice.store.journal.recovery import recover
@@ -254,31 +255,59 @@ class JournalStore:
     def load(
         self, destination: str, after_seq: int, max_count: int, max_bytes: int
     ) -> list[StoredMessage]:
-        """Messages after `after_seq`, ascending, within the budgets (at least one)."""
+        """Messages after `after_seq`, ascending, within the budgets (at least one). A record
+        that fails its checks is reported, counted and dropped, and the page continues."""
         index = self._index
         if index is None:
             raise StoreError("store is not open", str(self.config.data_dir))
-        picks: list[tuple[int, _Source]] = []
+        out: list[StoredMessage] = []
         total = 0
         with self._read_lock:
-            with self._lock:
-                for seq, size, _ts, source in self._merged(index, destination, after_seq):
-                    if picks and (len(picks) >= max_count or total + size > max_bytes):
-                        break
-                    picks.append((seq, source))
-                    total += size
-            out = []
-            for seq, source in picks:
-                if isinstance(source, list):
-                    message, _ = fmt.decode_add(b"".join(source))
-                else:
-                    file_no, offset, length = source
-                    data = self._reader.read(file_no, offset, length)
-                    path = str(file_path(self.journal_dir, file_no))
-                    message = parse_add(data, path, offset, length)
-                message.seq = seq
-                out.append(message)
-        return out
+            while True:
+                picks: list[tuple[int, int, _Source]] = []
+                with self._lock:
+                    for seq, size, _ts, source in self._merged(index, destination, after_seq):
+                        if (out or picks) and (
+                            len(out) + len(picks) >= max_count or total + size > max_bytes
+                        ):
+                            break
+                        picks.append((seq, size, source))
+                        total += size
+                damaged = False
+                for seq, size, source in picks:
+                    after_seq = seq
+                    try:
+                        message = self._read(destination, seq, source)
+                    except CorruptionError as exc:
+                        self._drop_damaged(destination, seq, exc)
+                        total -= size
+                        damaged = True
+                        continue
+                    out.append(message)
+                # A dropped record freed room: fill it from what follows.
+                if not damaged:
+                    return out
+
+    def _read(self, destination: str, seq: int, source: _Source) -> StoredMessage:
+        if isinstance(source, list):
+            message, _ = fmt.decode_add(b"".join(source))
+        else:
+            file_no, offset, length = source
+            data = self._reader.read(file_no, offset, length)
+            path = str(file_path(self.journal_dir, file_no))
+            message = parse_add(data, path, offset, length, destination=destination, seq=seq)
+        message.seq = seq
+        return message
+
+    def _drop_damaged(self, destination: str, seq: int, exc: CorruptionError) -> None:
+        """A stored message cannot be read back: say where, count it, and remove it so the
+        destination goes on with the rest (the REMOVE record keeps a rebuild from seeing it)."""
+        log.error(
+            "journal: message %d of %s dropped, its record is damaged: %s", seq, destination, exc
+        )
+        with self._lock:
+            self._stats.damaged_records += 1
+        self.remove(destination, seq)
 
     def first_seq(self, destination: str, at_or_after_ms: int = 0) -> int:
         """Lowest stored sequence, or the first stamped at or after `at_or_after_ms` (0 if none).

@@ -15,13 +15,20 @@ from typing import TextIO
 import lmdb
 
 from sluice.config import StoreConfig
+from sluice.errors import CorruptionError
 from sluice.store.api import WriteHandle
 from sluice.store.journal import format as fmt
-from sluice.store.journal.files import file_path, list_files
+from sluice.store.journal.files import FileReader, file_path, list_files
 from sluice.store.journal.gc import GcResult
-from sluice.store.journal.index import MsgLoc
+from sluice.store.journal.index import (
+    DIGESTED,
+    check_structure,
+    digest_problems,
+    verify_entries,
+)
+from sluice.store.journal.indexcodec import DestInfo, IndexCorrupt, MsgLoc, dkey
 from sluice.store.journal.recovery import recover
-from sluice.store.journal.scan import Damage, FileScan, ScannedRecord
+from sluice.store.journal.scan import Damage, FileScan, ScannedRecord, parse_add
 from sluice.store.journal.store import JournalStore
 
 
@@ -99,46 +106,66 @@ def verify(data_dir: Path, config: StoreConfig | None = None) -> VerifyReport:
 
 
 def _verify_index(cfg: StoreConfig, report: VerifyReport) -> None:
+    """The checks a start makes on the index, read-only, then every message entry read back:
+    the record it names must be the intact ADD of that message."""
     index_dir = cfg.data_dir / "index"
     if not (index_dir / "data.mdb").is_file():
         report.problems.append(f"{index_dir}: no index (it is rebuilt at the next open)")
         return
     journal_dir = cfg.data_dir / "journal"
-    valid = {fr.file_no: fr for fr in report.files}
+    sizes = {fr.file_no: file_path(journal_dir, fr.file_no).stat().st_size for fr in report.files}
+    rebuilt = "it is rebuilt from the journal at the next open"
+    try:
+        check_structure(index_dir)
+    except IndexCorrupt as exc:
+        report.problems.append(f"{index_dir}: index damaged, {rebuilt} ({exc})")
+        return
     try:
         env = lmdb.open(str(index_dir), max_dbs=8, readonly=True, lock=False)
     except lmdb.Error as exc:
         report.problems.append(f"{index_dir}: LMDB cannot open it ({exc})")
         return
+    reader = FileReader(journal_dir)
     try:
-        msgs = env.open_db(b"msgs", create=False)
+        dbs = {name: env.open_db(name, create=False) for name in (*DIGESTED, b"meta")}
         with env.begin() as txn:
-            for key, value in txn.cursor(db=msgs):
-                report.index_messages += 1
+            found, result = verify_entries(txn, dbs, sizes)
+            damaged = digest_problems(txn, dbs, found)
+            report.problems.extend(f"{index_dir}: index damaged, {rebuilt} ({p})" for p in damaged)
+            report.index_messages = result.entries[b"msgs"]
+            for out in result.outside:
+                report.problems.append(
+                    f"{file_path(journal_dir, out.loc.file_no)}: the index holds a message at "
+                    f"offset {out.loc.offset}: {out.problem}"
+                )
+            if damaged:
+                return
+            names = {}
+            for _key, value in txn.cursor(db=dbs[b"dests"]):
+                name = DestInfo.decode(value).name
+                names[dkey(name)] = name
+            for key, value in txn.cursor(db=dbs[b"msgs"]):
                 loc = MsgLoc.decode(value)
-                path = file_path(journal_dir, loc.file_no)
-                if loc.file_no not in valid:
-                    report.problems.append(f"index entry {key.hex()} points to missing {path}")
-                    continue
-                with open(path, "rb") as f:
-                    f.seek(loc.offset)
-                    data = f.read(loc.length)
-                if len(data) != loc.length:
-                    report.problems.append(f"{path}: index entry past the end at {loc.offset}")
-                    continue
-                length, crc, rtype = fmt.HEADER.unpack_from(data, 0)
-                payload = data[fmt.HEADER_BYTES :]
-                if (
-                    rtype != fmt.RecordType.ADD
-                    or length != len(payload)
-                    or fmt.payload_crc(rtype, payload) != crc
-                ):
-                    report.problems.append(
-                        f"{path}: index points at an invalid record at offset {loc.offset}"
+                if loc.file_no not in sizes:
+                    continue  # reported above
+                where = str(file_path(journal_dir, loc.file_no))
+                seq = int.from_bytes(key[16:], "big")
+                try:
+                    data = reader.read(loc.file_no, loc.offset, loc.length)
+                    parse_add(
+                        data,
+                        where,
+                        loc.offset,
+                        loc.length,
+                        destination=names.get(key[:16]),
+                        seq=seq,
                     )
-    except lmdb.Error as exc:
-        report.problems.append(f"{index_dir}: LMDB error ({exc})")
+                except CorruptionError as exc:
+                    report.problems.append(f"index entry of message {seq}: {exc}")
+    except (lmdb.Error, IndexCorrupt) as exc:
+        report.problems.append(f"{index_dir}: index damaged, {rebuilt} ({exc})")
     finally:
+        reader.close()
         env.close()
 
 
