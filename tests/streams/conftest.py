@@ -43,14 +43,16 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
-def journal_broker(tmp_path: Path, **policy: Any) -> RunningBroker:
-    """A broker on the journal store in `tmp_path/data`, with `[policy]` overrides."""
+def journal_broker(tmp_path: Path, *, stomp_port: int = 0, **policy: Any) -> RunningBroker:
+    """A broker on the journal store in `tmp_path/data`, with `[policy]` overrides; on
+    `stomp_port` to start again where an earlier one listened."""
     overrides: dict[str, dict[str, Any]] = {
+        "stomp": {"port": stomp_port},
         "store": {
             "kind": "journal",
             "data_dir": str(tmp_path / "data"),
             "journal_file_bytes": JOURNAL_FILE_BYTES,
-        }
+        },
     }
     if policy:
         overrides["policy"] = policy

@@ -391,6 +391,92 @@ async def test_lost_consumer_connection_fails_the_stream_then_resumes(
             assert await _rest(resumed) == data[resumed.resumed_at :]
 
 
+async def test_reader_takes_its_stream_back_after_a_broker_restart(tmp_path: Path) -> None:
+    data = payload(3 * CHUNK)
+    broker = journal_broker(tmp_path)
+    port = broker.port
+    try:
+        # The producer stays connected: the broker goes down before it sends chunk 2.
+        first = RawProducer(port)
+        first.chunk("S", 0, 0, data[:CHUNK])
+        first.chunk("S", 1, CHUNK, data[CHUNK : 2 * CHUNK])
+        async with await Client.connect(broker.address, initial_reconnect_delay_s=0.01) as client:
+            async with client.stream_reader(Q, prefetch_bytes=2 * CHUNK) as reader:
+                stream = await reader.next_stream(timeout=5)
+                assert stream is not None
+                assert await _read(stream, 2 * CHUNK) == data[: 2 * CHUNK]
+                # Asking for more acknowledges chunk 1; then nothing of S is left stored.
+                waiting = asyncio.create_task(stream.read(1))
+
+                def settled() -> bool:
+                    queue = broker.server.broker.destinations[Q]
+                    return not any(sub.inflight for sub in queue.subscriptions)
+
+                while not await asyncio.to_thread(broker.call, settled):
+                    await asyncio.sleep(0.01)
+                # The broker stops and starts again: it never saw the reader leave S.
+                await asyncio.to_thread(broker.stop)
+                # Its loop has stopped: read its counters directly. A clean stop left S open.
+                assert broker.server.broker.snapshot().get("streams_aborted", 0) == 0
+                first.close()
+                broker = journal_broker(tmp_path, stomp_port=port)
+                # The client reconnects; the read that waited fails with the old connection.
+                with pytest.raises(ConnectionLost):
+                    await waiting
+                raw = RawProducer(port)  # the producer continues after its last receipt
+                raw.chunk("S", 2, 2 * CHUNK, data[2 * CHUNK :], end=data)
+                raw.close()
+                continued = await reader.next_stream(timeout=10)
+                assert continued is not None
+                assert (continued.id, continued.resumed_at) == ("S", 2 * CHUNK)
+                assert continued.continued
+                assert "x-stream-resume" not in continued.headers
+                continued.seed_sha256(hashlib.sha256(data[: 2 * CHUNK]))
+                assert await _rest(continued) == data[2 * CHUNK :]
+                assert continued.verified
+    finally:
+        broker.stop()
+
+
+async def test_reader_that_lost_its_stream_takes_a_new_producer_s_continuation(
+    jbroker: RunningBroker,
+) -> None:
+    data = payload(3 * CHUNK)
+    first = RawProducer(jbroker.port)
+    first.chunk("S", 0, 0, data[:CHUNK])
+    first.chunk("S", 1, CHUNK, data[CHUNK : 2 * CHUNK])
+    async with await _connect(jbroker, initial_reconnect_delay_s=0.01) as client:
+        async with client.stream_reader(Q, prefetch_bytes=2 * CHUNK) as reader:
+            stream = await reader.next_stream(timeout=5)
+            assert stream is not None
+            assert await _read(stream, 2 * CHUNK) == data[: 2 * CHUNK]
+            waiting = asyncio.create_task(stream.read(1))  # acknowledges chunk 1, then waits
+
+            def settled() -> bool:
+                queue = jbroker.server.broker.destinations[Q]
+                return not any(sub.inflight for sub in queue.subscriptions)
+
+            while not await asyncio.to_thread(jbroker.call, settled):
+                await asyncio.sleep(0.01)
+            _die(client)  # the reader's connection drops; the client reconnects
+            with pytest.raises(ConnectionLost):
+                await waiting
+            first.close()  # then the producer dies: the broker ends S with an abort marker
+            second = RawProducer(jbroker.port)  # and another continues it
+            second.chunk("S", 2, 2 * CHUNK, data[2 * CHUNK :], end=data)
+            second.close()
+            continued = await reader.next_stream(timeout=10)
+            assert continued is not None
+            assert (continued.id, continued.resumed_at, continued.continued) == (
+                "S",
+                2 * CHUNK,
+                True,
+            )
+            continued.seed_sha256(hashlib.sha256(data[: 2 * CHUNK]))
+            assert await _rest(continued) == data[2 * CHUNK :]
+            assert continued.verified
+
+
 async def test_idle_producer_stream_is_aborted(tmp_path: Path) -> None:
     broker = journal_broker(tmp_path, stream_idle_timeout_s=0.2)
     try:

@@ -82,7 +82,9 @@ class InboundStream:
         self.size_hint: int | None = _int_header(first.headers, STREAM_SIZE)
         offset = chunk.offset if chunk.offset is not None else 0
         self.resumed_at = offset
-        # True when the stream continues after an abort marker (a new producer resumed it).
+        # True when the stream continues without the resume mark where this reader (or the
+        # application, through `StreamReader.expect`) left it: after an abort marker, or after
+        # the broker restarted.
         self.continued = continued
         self.first_seq = chunk.seq
         self.epoch = first.connection_epoch

@@ -66,7 +66,8 @@ class BlockingInboundStream:
 
     @property
     def continued(self) -> bool:
-        """Whether the stream continues after an abort marker."""
+        """Whether the stream continues, without the resume mark, where this reader (or the
+        application, through `expect`) left it."""
         return self.aio.continued
 
     @property

@@ -8,7 +8,8 @@ Checks. The first chunk the reader sees of a stream is either chunk 0, or carrie
 (an `x-stream-offset` with `x-stream-resume:true`, which the broker sets on the first chunk it
 delivers of a stream another consumer left in the middle, or with `redelivered:true`: an earlier
 consumer died and this one continues), or continues a stream this reader was told to expect at
-exactly that offset (`expect`; the reader expects by itself every stream it saw aborted). Each next
+exactly that offset (`expect`; the reader expects by itself every stream it saw aborted or lost
+with its connection, at the offset it had reached). Each next
 chunk must have the next `x-stream-seq` and, when given, the next `x-stream-offset`. The end
 chunk's `x-stream-length` and
 `x-stream-sha256` are checked before any of its bytes are handed out; the SHA-256 covers the
@@ -187,8 +188,10 @@ class StreamReader:
     def expect(self, stream_id: str, offset: int) -> None:
         """Accept a later chunk of `stream_id` at exactly `offset` as the continuation of a
         stream this application already holds up to there, though it lacks the resume mark (a
-        new producer resumed the stream after an abort marker). Aborted streams are expected
-        by themselves. At most `MAX_EXPECTED_STREAMS` are remembered, oldest out."""
+        new producer resumed the stream after an abort marker, or the broker restarted after
+        the application had acknowledged every chunk it got). Streams this reader saw aborted
+        or lost with its connection are expected by themselves. At most
+        `MAX_EXPECTED_STREAMS` are remembered, oldest out."""
         expected = self._expected
         expected[stream_id] = offset
         expected.move_to_end(stream_id)
@@ -253,10 +256,10 @@ class StreamReader:
             await self._out_of_place(message, None, problem, StreamCorrupted)
             return None
         if chunk.abort:
-            self._expected.pop(chunk.stream_id, None)
+            # A stream this reader expects stays expected: another producer may continue it.
             await self._ack_quietly(message)
             logger.info(
-                "%s: abort marker of stream %s, none of which came here (%s): acknowledged",
+                "%s: abort marker of stream %s, outside a stream being read (%s): acknowledged",
                 self.destination,
                 chunk.stream_id,
                 chunk.abort_reason,
@@ -289,7 +292,7 @@ class StreamReader:
                 "%s: stream %s %s at chunk %d, offset %d",
                 self.destination,
                 stream.id,
-                "continues after an abort" if continued else "resumed",
+                "continues where this reader left it" if continued else "resumed",
                 chunk.seq,
                 stream.resumed_at,
             )
@@ -363,6 +366,11 @@ class StreamReader:
     def _lost(self, stream: InboundStream) -> ClientError:
         if stream.epoch > self._dead_epoch:
             self._dead_epoch = stream.epoch
+        # Chunks it has not acknowledged come back with the resume mark. If it had acknowledged
+        # every one and the broker restarted meanwhile, the broker does not know a reader left
+        # the stream in the middle: the continuation comes unmarked, and this reader, which
+        # held the stream up to here, takes it.
+        self.expect(stream.id, stream.next_offset)
         error = ConnectionLost(
             f"stream {stream.id}: connection lost at offset {stream.position}; its "
             "unacknowledged chunks are redelivered and it comes again as a resumed stream"

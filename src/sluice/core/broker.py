@@ -141,6 +141,8 @@ class Broker:
         # A write to the store failed: it takes no more writes until it is reopened, so
         # persistent messages are refused from then on.
         self.store_failed = False
+        # The broker is stopping: connections it closes are not producers that died.
+        self.shutting_down = False
         self.recovery: Recovery | None = None
         self._sweep_timer: Cancellable | None = None
         idle_timeouts = [config.policy.stream_idle_timeout_s] + [

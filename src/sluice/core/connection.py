@@ -549,7 +549,9 @@ class BrokerConnection:
         if self.closed:
             return
         self.closed = True
-        if self.open_streams:
+        if self.open_streams and not self.broker.shutting_down:
+            # A broker that stops cleanly leaves live streams open, as one that crashes does:
+            # their producers continue after the restart, or the idle timeout ends them then.
             self.abort_streams("the producer disconnected mid-stream")
         for tx in list(self.txs.values()):
             tx.rollback()

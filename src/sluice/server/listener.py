@@ -96,6 +96,7 @@ class BrokerServer:
         """Stop listening, close every session, then close the store."""
         if self._server is not None:
             self._server.close()
+        self.broker.shutting_down = True
         for session in list(self.sessions):
             session.shutdown()
         if self._server is not None:
