@@ -131,6 +131,11 @@ class Message(StoredMessage):
             nbytes += len(key) + len(value) + 2
         self.nbytes = nbytes
 
+    @property
+    def size(self) -> int:
+        """Its body and header text, as `StoredMessage.size`: `nbytes`, computed once."""
+        return self.nbytes
+
     @classmethod
     def from_stored(cls, stored: StoredMessage, delivery_count: int = 0) -> Message:
         """Wrap a message read back from the store."""

@@ -23,7 +23,7 @@ class Op:
         self.rtype = rtype
         self.record = record
         self.parts = parts
-        self.nbytes = sum(len(p) for p in parts) if parts else 0
+        self.nbytes = sum(map(len, parts)) if parts else 0
         self.handle = handle
         self.location: tuple[int, int, int] | None = None
         self.cleanup = cleanup
