@@ -16,7 +16,7 @@ ALLOWED: dict[str, set[str]] = {
     "core": {"store.api"},
     "server": {"stomp", "core", "store"},
     "client": {"stomp"},
-    "spark": {"client", "stomp", "store.journal.format", "store.api"},
+    "spark": {"client", "stomp", "store.journal.format", "store.journal.scan", "store.api"},
     "admin": {"core", "server"},
     "bench": {"stomp", "client"},
 }

@@ -42,6 +42,7 @@ import pyarrow as pa
 from sluice.errors import CorruptionError
 from sluice.spark.schema import JOURNAL_ARROW_SCHEMA, timestamps_us
 from sluice.store.journal import format as fmt
+from sluice.store.journal import scan
 
 __all__ = ["JournalFile", "journal_files", "read_journal_file"]
 
@@ -50,12 +51,8 @@ logger = logging.getLogger(__name__)
 BATCH_ROWS = 8192
 _NAME = re.compile(r"^db-([1-9][0-9]*)\.log$")
 _SUBDIRS = ("archive", "journal")
-_ZERO_CHUNK = 1 << 20
 _DEFAULT_PRIORITY = 4
-_HEADER = fmt.HEADER
 _HEADER_BYTES = fmt.HEADER_BYTES
-_VALID = fmt.VALID_TYPES
-_MAX_PAYLOAD = fmt.MAX_PAYLOAD_BYTES
 _ADD = int(fmt.RecordType.ADD)
 _TYPE_NAMES = {int(t): t.name for t in fmt.RecordType}
 _HEADERS_TYPE = JOURNAL_ARROW_SCHEMA.field("headers").type
@@ -154,54 +151,6 @@ class _Columns:
         )
         self.clear()
         return batch
-
-
-def _record(data: Any, pos: int, size: int) -> tuple[int, bytes | None, str]:
-    """(type, payload, "") for a valid record at `pos`, or (0, None, why not)."""
-    if size - pos < _HEADER_BYTES:
-        return 0, None, "truncated record header"
-    length, crc, rtype = _HEADER.unpack_from(data, pos)
-    if rtype not in _VALID:
-        return 0, None, f"invalid record type {rtype}"
-    start = pos + _HEADER_BYTES
-    if length > _MAX_PAYLOAD or length > size - start:
-        return 0, None, f"record length {length} runs past the end of the file"
-    payload = data[start : start + length]
-    if fmt.payload_crc(rtype, payload) != crc:
-        return 0, None, "checksum mismatch"
-    return rtype, payload, ""
-
-
-def _first_nonzero(data: Any, start: int, size: int) -> int:
-    pos = start
-    while pos < size:
-        chunk = data[pos : pos + _ZERO_CHUNK]
-        stripped = chunk.lstrip(b"\0")
-        if stripped:
-            return pos + len(chunk) - len(stripped)
-        pos += len(chunk)
-    return size
-
-
-def _resync(data: Any, start: int, size: int) -> int | None:
-    """The next offset at or after `start` where a valid, decodable record begins."""
-    pos = start
-    type_at = _HEADER_BYTES - 1
-    while pos + _HEADER_BYTES <= size:
-        if data[pos + type_at] == 0:
-            # No record has type 0: skip the whole zero run under the type byte.
-            pos = max(pos + 1, _first_nonzero(data, pos + type_at, size) - type_at)
-            continue
-        rtype, payload, _ = _record(data, pos, size)
-        if rtype:
-            try:
-                _decode_into(None, pos, rtype, payload)
-            except fmt.FormatError:
-                pass
-            else:
-                return pos
-        pos += 1
-    return None
 
 
 def _pairs(values: dict[str, str | None]) -> dict[str, str]:
@@ -312,7 +261,7 @@ def read_journal_file(
             pos = 0
             while 0 <= pos < size:
                 if size - pos < _HEADER_BYTES or not any(data[pos : pos + _HEADER_BYTES]):
-                    nonzero = _first_nonzero(data, pos, size)
+                    nonzero = scan.first_nonzero(data, pos)
                     if nonzero == size:
                         break  # the zero tail of a preallocated file
                     reason = "data after the end-of-data mark"
@@ -320,14 +269,14 @@ def read_journal_file(
                         columns, journal_file, data, pos, nonzero, reason, fail_on_corruption
                     )
                     continue
-                rtype, payload, reason = _record(data, pos, size)
+                rtype, length, reason = scan.check_record(data, pos, layout=False)
                 if rtype:
                     try:
-                        _decode_into(columns, pos, rtype, payload)
+                        _decode_into(columns, pos, rtype, data[pos + _HEADER_BYTES : pos + length])
                     except fmt.FormatError as exc:
                         reason = f"malformed {_TYPE_NAMES[rtype]} record: {exc}"
                     else:
-                        pos += _HEADER_BYTES + len(payload or b"")
+                        pos += length
                         if len(columns) >= batch_rows:
                             yield columns.batch()
                         continue
@@ -346,8 +295,7 @@ def _damage(
     fail: bool,
 ) -> int:
     """Handle bytes at `pos` that are not a record; return where to go on (-1: stop)."""
-    size = len(data)
-    resume = _resync(data, search_from, size)
+    resume = scan.resync(data, search_from)
     if resume is None:
         # Nothing valid follows: the tail of a file whose last write was cut short.
         logger.info(

@@ -8,6 +8,7 @@ length, checksum and payload all check out.
 
 from __future__ import annotations
 
+import mmap
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ from sluice.store.api import StoredMessage
 from sluice.store.journal import format as fmt
 
 _CHUNK = 1024 * 1024
+
+# What the checks read: a file's bytes, or the file mapped (the offline reader maps it).
+Data = bytes | mmap.mmap
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +50,7 @@ class Damage:
         return (self.resume if self.resume is not None else self.end) - self.offset
 
 
-def first_nonzero(data: bytes, start: int) -> int:
+def first_nonzero(data: Data, start: int) -> int:
     """Offset of the first non-zero byte at or after `start`, or len(data)."""
     pos = start
     size = len(data)
@@ -59,7 +63,7 @@ def first_nonzero(data: bytes, start: int) -> int:
     return size
 
 
-def last_nonzero_end(data: bytes, start: int) -> int:
+def last_nonzero_end(data: Data, start: int) -> int:
     """One past the last non-zero byte at or after `start` (or `start`)."""
     end = len(data)
     while end > start:
@@ -71,7 +75,7 @@ def last_nonzero_end(data: bytes, start: int) -> int:
     return start
 
 
-def check_record(data: bytes, offset: int, *, layout: bool = True) -> tuple[int, int, str]:
+def check_record(data: Data, offset: int, *, layout: bool = True) -> tuple[int, int, str]:
     """Validate the record at `offset`: (type, whole length, "") or (0, 0, reason). Without
     `layout` the payload is only checksummed (its reader decodes it anyway)."""
     size = len(data)
@@ -110,7 +114,7 @@ _HIGH_MASKS = [
 ]
 
 
-def _candidates(data: bytes, start: int) -> Iterator[int]:
+def _candidates(data: Data, start: int) -> Iterator[int]:
     """Offsets at or after `start` whose type byte is a record type and whose length's high byte
     allows a length within the record bound and the file: found with bulk byte operations, so
     a long stretch of damage costs a few passes in C rather than a Python step per byte."""
@@ -135,7 +139,7 @@ def _candidates(data: bytes, start: int) -> Iterator[int]:
         pos = end + 1
 
 
-def _plausible_next(data: bytes, offset: int) -> bool:
+def _plausible_next(data: Data, offset: int) -> bool:
     """Whether what follows a record ending at `offset` could be the file's next thing: the end
     of the file, zero fill (the end-of-data mark) or a header with a known type and a length
     that fits."""
@@ -162,7 +166,7 @@ def _layout_ok(rtype: int, payload: memoryview) -> bool:
     return True
 
 
-def resync(data: bytes, start: int) -> int | None:
+def resync(data: Data, start: int) -> int | None:
     """Offset of the next valid record at or after `start`, or None.
 
     Candidates are filtered cheapest first: a known type byte and a length within the record
@@ -186,7 +190,7 @@ def resync(data: bytes, start: int) -> int | None:
     return None
 
 
-def _valid_run(data: bytes, pos: int, stop: int) -> int:
+def _valid_run(data: Data, pos: int, stop: int) -> int:
     """Step over valid records (checksums only) from `pos` while they start before `stop`;
     returns where that ends. The tight loop of a start that verifies the whole journal."""
     size = len(data)
