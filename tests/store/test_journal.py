@@ -148,6 +148,30 @@ def test_load_sees_pending_and_written_messages(make_journal: Callable[..., Harn
     assert [m.body for m in s.load(Q, 0, 10, 1 << 20)] == [b"written", b"pending"]
 
 
+def test_load_while_a_batch_is_being_written_reads_the_records_not_the_file(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that looks while the writer is between placing a batch and writing it gets the
+    records from memory: the file at their place still holds what was there before."""
+    h = make_journal()
+    h.open()
+    s = journal(h)
+    seen: list[list[bytes]] = []
+    write = files.HeadFile.write
+
+    def looking_write(self: files.HeadFile, buffers: Sequence[bytes | memoryview]) -> None:
+        seen.append([m.body for m in s.load(Q, 0, 10, 1 << 20)])
+        write(self, buffers)
+
+    monkeypatch.setattr(files.HeadFile, "write", looking_write)
+    h.track(s.add(msg(Q, 1, b"first"), None))
+    h.settle()
+    h.track(s.add(msg(Q, 2, b"second"), None))
+    h.settle()
+    assert seen == [[b"first"], [b"first", b"second"]]
+    assert s.stats().damaged_records == 0
+
+
 def test_rollover_and_record_larger_than_a_file(make_journal: Callable[..., Harness]) -> None:
     h = make_journal()
     h.open()

@@ -293,9 +293,14 @@ class Writer:
                 self.state.note_cancelled(record.destination, record.seq)
 
     def write(self, ops: Sequence[Op]) -> None:
-        """Append the ops' records, rolling over as needed; sets each op's location."""
+        """Append the ops' records, rolling over as needed; sets each op's location.
+
+        A location is set only once its bytes are in the file: until then readers take the
+        record from the op's parts (a location set earlier would send them to bytes not yet
+        written)."""
         head = self.head
         buffers: list[bytes] = []
+        placed: list[tuple[Op, tuple[int, int, int]]] = []
         pos = head.offset
         for op in ops:
             assert op.parts is not None
@@ -304,6 +309,10 @@ class Writer:
                 if buffers:
                     head.write(buffers)
                     buffers = []
+                with self.lock:
+                    for written, location in placed:
+                        written.location = location
+                placed = []
                 self.state.file_seen(head.file_no, head.offset)
                 head.rollover()
                 self.state.file_seen(head.file_no, head.offset)
@@ -311,13 +320,15 @@ class Writer:
                     self.stats.files += 1
                     self.stats.disk_bytes += head.file_bytes
                 pos = head.offset
-            op.location = (head.file_no, pos, length)
+            placed.append((op, (head.file_no, pos, length)))
             buffers.append(header)
             buffers.extend(op.parts)
             pos += length
         if buffers:
             head.write(buffers)
         with self.lock:
+            for op, location in placed:
+                op.location = location
             self.stats.syncs = head.syncs
 
     def _sync(self) -> None:
