@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from sluice.stomp.codec import FrameParser, StompLimits, encode_frame
+from sluice.stomp.codec import FrameParser, StompLimits
 from sluice.stomp.connection import Role, StompConnection
+from sluice.stomp.encoding import encode_frame
 from sluice.stomp.frames import Command, Frame, Version
 
 HEADERS = {

@@ -82,8 +82,9 @@ def test_connections_round_trip(broker: RunningBroker, tmp_path: Path) -> None:
         "20",
         "--duration",
         "1",
+        # 1,000 messages: enough broker CPU to span several 10 ms clock ticks.
         "--rate-per-connection",
-        "5",
+        "50",
         "--broker-pid",
         str(os.getpid()),
     )

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sluice.errors import FrameLimitExceeded, LocalProtocolError, RemoteProtocolError
-from sluice.stomp.codec import (
+from sluice.stomp.codec import FrameParser, StompLimits
+from sluice.stomp.encoding import (
     HEARTBEAT_BYTES,
-    FrameParser,
-    StompLimits,
     assemble_frame,
     encode_frame,
     encode_headers,

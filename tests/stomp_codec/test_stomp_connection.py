@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sluice.errors import FrameLimitExceeded, LocalProtocolError, RemoteProtocolError
-from sluice.stomp.codec import FrameParser, StompLimits, encode_frame
+from sluice.stomp.codec import FrameParser, StompLimits
 from sluice.stomp.connection import (
     TRANSITIONS,
     ConnState,
@@ -16,6 +16,7 @@ from sluice.stomp.connection import (
     StompConnection,
     UnsupportedVersionError,
 )
+from sluice.stomp.encoding import encode_frame
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
 from sluice.stomp.negotiation import negotiate_heartbeat, parse_heartbeat
 

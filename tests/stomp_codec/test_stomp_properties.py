@@ -6,8 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.errors import LocalProtocolError, RemoteProtocolError
-from sluice.stomp.codec import LARGE_BODY_BYTES, FrameParser, StompLimits, encode_frame
+from sluice.stomp.codec import LARGE_BODY_BYTES, FrameParser, StompLimits
 from sluice.stomp.connection import Role, StompConnection
+from sluice.stomp.encoding import encode_frame
 from sluice.stomp.frames import BODY_COMMANDS, Command, Frame, HeartBeat, Version
 
 from .stomp_helpers import drain

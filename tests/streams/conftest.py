@@ -18,7 +18,7 @@ import pytest
 
 from conftest import RunningBroker, start_broker
 from rawstomp import RawStomp
-from sluice.stomp.codec import encode_frame
+from sluice.stomp.encoding import encode_frame
 from sluice.stomp.frames import Command
 
 ASYNC_TEST_TIMEOUT_S = 60.0

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from sluice.core.message import Message
 from sluice.errors import RequestError
-from sluice.stomp.codec import escape_value
+from sluice.stomp.encoding import escape_value
 from sluice.stomp.frames import Frame, Version
 
 # Set per delivery or consumed by the broker; never stored as user properties.

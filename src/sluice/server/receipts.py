@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 
 from sluice.server.flow import FlowControl, ReadPause
-from sluice.stomp.codec import escape_value
+from sluice.stomp.encoding import escape_value
 from sluice.stomp.frames import Version
 
 

@@ -28,8 +28,8 @@ from sluice.server.flow import FlowControl, ReadPause
 from sluice.server.frames import build_message, encode_common_headers, parse_int_header
 from sluice.server.outbound import Outbound
 from sluice.server.receipts import PendingReceipt, ReceiptQueue, receipt_frame
-from sluice.stomp.codec import escape_value
 from sluice.stomp.connection import ConnState, Role, StompConnection
+from sluice.stomp.encoding import escape_value
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
 
 if TYPE_CHECKING:

@@ -17,7 +17,8 @@ import enum
 from collections.abc import Mapping, Sequence
 
 from sluice.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
-from sluice.stomp.codec import HEARTBEAT_BYTES, FrameParser, StompLimits, encode_frame
+from sluice.stomp.codec import FrameParser, StompLimits
+from sluice.stomp.encoding import HEARTBEAT_BYTES, encode_frame
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
 from sluice.stomp.negotiation import (
     ALL_VERSIONS,

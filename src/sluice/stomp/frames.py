@@ -44,6 +44,19 @@ CLIENT_COMMANDS = frozenset(
 SERVER_COMMANDS = frozenset({Command.CONNECTED, Command.MESSAGE, Command.RECEIPT, Command.ERROR})
 # Only these may carry a body (STOMP 1.2, "Frames and Headers").
 BODY_COMMANDS = frozenset({Command.SEND, Command.MESSAGE, Command.ERROR})
+# CONNECT and CONNECTED are never escaped (STOMP 1.2, "Value Encoding"); STOMP is CONNECT's synonym.
+RAW_COMMANDS = frozenset({Command.CONNECT, Command.STOMP, Command.CONNECTED})
+# Frames that carry content-length even with an empty body, so a reader never scans for NUL.
+CONTENT_LENGTH_COMMANDS = frozenset({Command.SEND, Command.MESSAGE, Command.ERROR})
+# A content-length with more significant digits than this exceeds any frame limit.
+MAX_LENGTH_DIGITS = 18
+
+
+def preview(text: str, limit: int = 40) -> str:
+    """A short repr for error messages, so a peer cannot make us echo kilobytes back."""
+    if len(text) > limit:
+        return repr(text[:limit]) + "..."
+    return repr(text)
 
 
 class Version(enum.Enum):
