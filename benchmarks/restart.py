@@ -180,7 +180,7 @@ def main() -> None:
     parser.add_argument("--load-s", type=float, default=3.0, help="load before the SIGKILL")
     args = parser.parse_args()
     if args.dir:
-        Path(args.dir).mkdir(parents=True, exist_ok=True)
+        args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="sluice-restart-", dir=args.dir))
     data = workdir / "data"
     after_checkpoint = workdir / "after-checkpoint.toml"

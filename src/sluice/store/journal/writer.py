@@ -295,9 +295,8 @@ class Writer:
     def write(self, ops: Sequence[Op]) -> None:
         """Append the ops' records, rolling over as needed; sets each op's location.
 
-        A location is set only once its bytes are in the file: until then readers take the
-        record from the op's parts (a location set earlier would send them to bytes not yet
-        written)."""
+        Locations are set once every record is in its file: until then readers take a record
+        from its op's parts (a location set earlier would send them to bytes not yet written)."""
         head = self.head
         buffers: list[bytes] = []
         placed: list[tuple[Op, tuple[int, int, int]]] = []
@@ -309,10 +308,6 @@ class Writer:
                 if buffers:
                     head.write(buffers)
                     buffers = []
-                with self.lock:
-                    for written, location in placed:
-                        written.location = location
-                placed = []
                 self.state.file_seen(head.file_no, head.offset)
                 head.rollover()
                 self.state.file_seen(head.file_no, head.offset)
