@@ -20,6 +20,18 @@ from sluice.store.api import MessageStore
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="run soak and long crash loops")
+    parser.addoption(
+        "--seed",
+        type=int,
+        default=None,
+        help="lifecycle simulations: replay this one seed (as printed by a failure)",
+    )
+    parser.addoption(
+        "--sim-minutes",
+        type=float,
+        default=0.0,
+        help="lifecycle simulations (with --run-slow): run random seeds for this many minutes",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
