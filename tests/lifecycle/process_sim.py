@@ -1,0 +1,1040 @@
+"""Process-level lifecycle simulation: seeded random lives of a real broker subprocess.
+
+A life (`process_events.generate(seed)`) is a list of events run one after another against a
+`sluice broker` on the journal store, with stomp.py clients: sends, consumes with ACK/NACK,
+durable subscriptions, transactions (some spanning file rollover), x-dedup-id resends, expiry,
+streams, GC, clean stops with `sluice store verify`, SIGKILLs at chosen moments (while a
+background producer waits for its k-th receipt, mid-commit, mid-stop), offline tools between
+runs, `--repair` starts, and a disk that fills and frees. `process_model.Model` records what must
+exist; after every restart a sweep reads every queue, dead-letter queue and durable subscription
+to a sentinel (without acknowledging) and checks the model; the life ends with a sweep that
+acknowledges everything, a bounded wait for the journal to shrink under a bound, a clean stop and
+`verify`.
+
+A failure is a `SimFailure` naming its check; `check_life` then shrinks the event list (delta
+debugging, within a time budget) and raises an `AssertionError` with the seed, the check and the
+shrunk events. The same seed always produces the same events and the same choices; only the
+exact instant of a kill relative to the broker's own threads varies, which is why every kill is
+tied to a receipt or a log line rather than to a clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lifecycle.process_events import (
+    JOURNAL_FILE_BYTES,
+    SMALL_DISK_BYTES,
+    Consume,
+    Crash,
+    DiskFull,
+    DurableConsume,
+    DurableCreate,
+    DurableDelete,
+    Event,
+    Resend,
+    Restart,
+    Send,
+    Settings,
+    Stop,
+    Stream,
+    Transaction,
+    WaitGc,
+    generate,
+)
+from lifecycle.process_io import Broker, BrokerGone, SimClient, SmallDisk
+from lifecycle.process_model import (
+    DURABLES,
+    QUEUES,
+    TOPICS,
+    Expiry,
+    Fate,
+    Model,
+    SimFailure,
+    SimMessage,
+    Sweep,
+    dlq_of,
+)
+
+SIM_ID = "x-sim-id"
+SENTINEL = "x-sim-sentinel"
+STREAM_ABORT = "x-stream-abort"
+SWEEP_PREFETCH = 100_000
+# After the final drain and GC the journal directory must come back under this many bytes: the
+# head file, the spare made ready for rollover, and one older file still pinned by small records.
+DISK_BOUND_BYTES = 4 * JOURNAL_FILE_BYTES
+BACKGROUND_WINDOW = 8
+POLL_S = 0.05
+Tamper = Callable[[Path], None]
+
+
+def body_for(msg_id: int, size: int) -> str:
+    """The body of message `msg_id`: checked byte for byte on every delivery."""
+    head = f"{msg_id}:"
+    return head + chr(ord("a") + msg_id % 26) * max(0, size - len(head))
+
+
+def _poll(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Wait (bounded) for a condition the broker's threads make true; True if it became so."""
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        pause.wait(POLL_S)
+    return True
+
+
+@dataclass
+class LifeStats:
+    """What one life did."""
+
+    seed: int
+    events: int = 0
+    restarts: int = 0
+    crashes: int = 0
+    clean_stops: int = 0
+    sent: int = 0
+    acked: int = 0
+    gc_passes: int = 0
+    compactions: int = 0
+    data_files: int = 0
+    disk_fulls: int = 0
+    seconds: float = 0.0
+    timings: list[tuple[float, str]] = field(default_factory=list)  # seconds per event
+
+    def summary(self) -> str:
+        """One line."""
+        return (
+            f"seed {self.seed}: {self.events} events, {self.restarts} restarts "
+            f"({self.crashes} crashes, {self.clean_stops} clean stops), {self.sent} sent, "
+            f"{self.acked} acked, {self.gc_passes} gc passes, {self.compactions} compactions, "
+            f"{self.data_files} data files, {self.disk_fulls} disk fulls, {self.seconds:.1f} s"
+        )
+
+
+@dataclass
+class _Background:
+    """A producer (and maybe a consumer) running while the main thread waits to kill."""
+
+    receipts: int = 0
+    reached: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+    failures: list[SimFailure] = field(default_factory=list)
+
+
+class Life:
+    """One life: its broker, its model, its events."""
+
+    def __init__(
+        self,
+        seed: int,
+        settings: Settings,
+        events: list[Event],
+        workdir: Path,
+        *,
+        tamper: Tamper | None = None,
+    ) -> None:
+        self.seed = seed
+        self.settings = settings
+        self.events = events
+        self.workdir = workdir
+        self.tamper = tamper
+        self.model = Model(settings.max_redeliveries)
+        self.stats = LifeStats(seed, events=len(events))
+        self.disk = SmallDisk(workdir / "disk", SMALL_DISK_BYTES)
+        self.data_dir = self.disk.path / "data"
+        self.broker = Broker(workdir, settings.config_toml(self.data_dir))
+        self._txs = 0
+        self._streams = 0
+        self._sweeps = 0
+
+    # -- the life -------------------------------------------------------------------------------
+
+    def run(self) -> LifeStats:
+        """Run every event and the final checks; raises `SimFailure`."""
+        started = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        disk = self.disk if self.settings.small_disk else None
+        if disk is not None:
+            disk.__enter__()
+        else:
+            self.disk.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.data_dir.mkdir(exist_ok=True)
+            self.broker.start()
+            for index, event in enumerate(self.events):
+                began = time.monotonic()
+                try:
+                    self._execute(event)
+                except SimFailure as failure:
+                    failure.add_note(f"at event {index}: {event!r}")
+                    raise
+                self.stats.timings.append((time.monotonic() - began, repr(event)))
+            began = time.monotonic()
+            self._finish()
+            self.stats.timings.append((time.monotonic() - began, "final checks"))
+        finally:
+            self.broker.kill()
+            if disk is not None:
+                disk.__exit__(None, None, None)
+            self._count_logs()
+            self.stats.seconds = time.monotonic() - started
+        return self.stats
+
+    def _execute(self, event: Event) -> None:
+        handlers: dict[type[Any], Callable[[Any], None]] = {
+            Send: self._send,
+            Resend: self._resend,
+            Consume: self._consume,
+            DurableCreate: self._durable_create,
+            DurableConsume: self._durable_consume,
+            DurableDelete: self._durable_delete,
+            Transaction: self._transaction,
+            Stream: self._stream,
+            WaitGc: self._wait_gc,
+            Crash: self._crash,
+            Stop: self._stop,
+            DiskFull: self._disk_full,
+        }
+        try:
+            handlers[type(event)](event)
+        except BrokerGone as exc:
+            state = "running" if self.broker.running else "dead"
+            raise SimFailure(
+                "connection-lost",
+                f"{exc} (broker {state}); broker log:\n{_tail(self.broker.log_text())}",
+            ) from exc
+
+    def _finish(self) -> None:
+        # Acknowledge everything (twice: the second sweep catches what moved to a DLQ during
+        # the first), then everything drained must let the journal shrink.
+        self._sweep(ack=True, check_deleted=True)
+        self._sweep(ack=True, final=True)
+        self._wait_disk_bound()
+        self.broker.stop()
+        self.stats.clean_stops += 1
+        self._verify(after_crash=False)
+        logs = "".join(self.broker.logs)
+        if "Traceback" in logs:
+            at = logs.index("Traceback")
+            raise SimFailure("broker-traceback", logs[max(0, at - 600) : at + 2500])
+
+    def _count_logs(self) -> None:
+        logs = "".join(self.broker.logs) + self.broker.log_text()
+        self.stats.gc_passes = logs.count("journal gc:")
+        self.stats.compactions = logs.count("journal gc: compacted")
+        self.stats.sent = len(self.model.messages)
+        self.stats.acked = self.model.count([Fate.ACKED])
+        self.stats.data_files = max(
+            [int(p.stem.split("-")[1]) for p in self.data_dir.glob("journal/db-*.log")] or [0]
+        )
+
+    # -- clients --------------------------------------------------------------------------------
+
+    def _client(self, client_id: str | None = None) -> SimClient:
+        return SimClient(self.broker.port, client_id=client_id)
+
+    def _headers(self, msg: SimMessage, **extra: str) -> dict[str, str]:
+        headers = {SIM_ID: str(msg.msg_id), "persistent": str(msg.persistent).lower(), **extra}
+        now_ms = int(time.time() * 1000)
+        if msg.expiry is Expiry.SHORT:
+            headers["expires"] = str(now_ms + 800)
+        elif msg.expiry is Expiry.PAST:
+            headers["expires"] = str(now_ms - 60_000)
+        if msg.dedup is not None:
+            headers["x-dedup-id"] = msg.dedup
+        return headers
+
+    def _take(
+        self, client: SimClient, frame: Any, kind: str, name: str, *, ack_markers: bool = True
+    ) -> SimMessage | None:
+        """Check one delivered frame against the model. Sentinels and stream abort markers are
+        acknowledged and give None."""
+        h = frame.headers
+        if SENTINEL in h or STREAM_ABORT in h:
+            if ack_markers:
+                client.frame("ACK", id=h["ack"])
+            return None
+        raw = h.get(SIM_ID)
+        if raw is None:
+            raise SimFailure("unknown-message", f"{name} delivered a message without {SIM_ID}: {h}")
+        redelivered = h.get("redelivered") == "true"
+        if kind == "queue":
+            msg = self.model.observe_queue(name, int(raw), redelivered)
+        elif kind == "durable":
+            msg = self.model.observe_durable(name, int(raw), redelivered)
+        else:
+            msg = self.model.observe_dlq(name, int(raw), h.get("x-original-destination"))
+        expected = body_for(msg.msg_id, msg.size)
+        if frame.body != expected:
+            got = frame.body if isinstance(frame.body, str) else repr(frame.body)
+            raise SimFailure(
+                "corrupt-body",
+                f"{name} message {msg.msg_id}: {len(got)} chars, expected {len(expected)}; "
+                f"starts {got[:40]!r}",
+            )
+        return msg
+
+    # -- sending --------------------------------------------------------------------------------
+
+    def _send(self, ev: Send) -> None:
+        client = self._client()
+        try:
+            sent = []
+            for _ in range(ev.count):
+                dedup = self.model.new_dedup_id() if ev.dedup else None
+                msg = self.model.new_message(
+                    ev.dest,
+                    persistent=ev.persistent,
+                    size=ev.size,
+                    expiry=Expiry(ev.expiry),
+                    dedup=dedup,
+                )
+                body = body_for(msg.msg_id, msg.size)
+                sent.append((client.send(ev.dest, body, self._headers(msg)), msg))
+            client.wait_receipts([r for r, _ in sent], "SEND")
+            for _, msg in sent:
+                self.model.visible(msg, receipted=True)
+        finally:
+            client.close()
+
+    def _resend(self, ev: Resend) -> None:
+        ids = self.model.dedup_ids(ev.dest)
+        if not ids:
+            return
+        rng = random.Random(ev.seed)
+        client = self._client()
+        try:
+            for _ in range(ev.count):
+                dedup = rng.choice(ids)
+                msg = self.model.new_message(ev.dest, persistent=True, size=200, dedup=dedup)
+                accepted = self.model.group_accepted(ev.dest, dedup, before=msg.msg_id)
+                body = body_for(msg.msg_id, msg.size)
+                client.wait_receipts([client.send(ev.dest, body, self._headers(msg))], "SEND")
+                if accepted is True:
+                    self.model.forbid(msg, "duplicate")
+                elif accepted is False:  # every earlier one was aborted: this one counts
+                    self.model.visible(msg, receipted=True)
+                else:
+                    self.model.visible(msg, receipted=False)
+                    with self.model.lock:
+                        self.model.dedup_required.add((ev.dest, dedup))
+        finally:
+            client.close()
+
+    def _stream(self, ev: Stream) -> None:
+        self._streams += 1
+        sid = f"st{self.seed}-{self._streams}"
+        client = self._client()
+        tx = f"stx{self._streams}"
+        txno = None
+        try:
+            if ev.transactional:
+                self._txs += 1
+                txno = self._txs
+                client.call("BEGIN", transaction=tx)
+            sha = hashlib.sha256()
+            offset = 0
+            sent = []
+            for seq in range(ev.chunks):
+                msg = self.model.new_message(
+                    ev.dest, persistent=True, size=ev.chunk_bytes, dedup=f"{sid}:{seq}", tx=txno
+                )
+                body = body_for(msg.msg_id, msg.size)
+                sha.update(body.encode())
+                extra = {
+                    "x-stream-id": sid,
+                    "JMSXGroupID": sid,
+                    "x-stream-seq": str(seq),
+                    "x-stream-offset": str(offset),
+                }
+                offset += len(body)
+                if ev.complete and seq == ev.chunks - 1:
+                    extra["x-stream-end"] = "true"
+                    extra["x-stream-length"] = str(offset)
+                    extra["x-stream-sha256"] = sha.hexdigest()
+                if ev.transactional:
+                    extra["transaction"] = tx
+                sent.append((client.send(ev.dest, body, self._headers(msg, **extra)), msg))
+            client.wait_receipts([r for r, _ in sent], "stream chunk")
+            if ev.transactional:
+                client.call("COMMIT", transaction=tx)
+            for _, msg in sent:
+                self.model.visible(msg, receipted=True)
+        finally:
+            client.close()
+
+    # -- consuming ------------------------------------------------------------------------------
+
+    def _consume(self, ev: Consume) -> None:
+        wanted = min(ev.count, self.model.surely_available(ev.dest))
+        if wanted == 0:
+            return
+        rng = random.Random(ev.seed)
+        client = self._client()
+        try:
+            client.subscribe(ev.dest, "c", prefetch=ev.prefetch)
+            held: dict[int, SimMessage] = {}
+            acks: list[tuple[str, SimMessage]] = []
+            distinct: set[int] = set()
+            while len(distinct) < wanted:
+                frame = client.message()
+                msg = self._take(client, frame, "queue", ev.dest)
+                if msg is None:
+                    continue
+                distinct.add(msg.msg_id)
+                held.pop(msg.msg_id, None)
+                action = rng.choices(["ack", "nack", "leave"], weights=[6, 2, 2])[0]
+                if action == "leave" and len(held) + 2 > ev.prefetch:
+                    action = "ack"  # never hold the whole credit: the queue would stall
+                if action == "ack":
+                    acks.append((client.frame("ACK", id=frame.headers["ack"]), msg))
+                elif action == "nack":
+                    client.frame("NACK", id=frame.headers["ack"])
+                    self.model.requeued(msg)
+                else:
+                    held[msg.msg_id] = msg
+            client.wait_receipts([r for r, _ in acks], "ACK")
+            for _, msg in acks:
+                self.model.acked(msg)
+            # UNSUBSCRIBE puts back what is unacknowledged before its receipt: the next client
+            # finds it in place.
+            client.call("UNSUBSCRIBE", id="c")
+            for frame in client.take_buffered():
+                extra = self._take(client, frame, "queue", ev.dest, ack_markers=False)
+                if extra is not None:
+                    self.model.requeued(extra)
+            for msg in held.values():
+                self.model.requeued(msg)
+        finally:
+            client.close()
+
+    def _durable_create(self, ev: DurableCreate) -> None:
+        if self.model.durables[ev.name].exists:
+            return
+        client = self._client("sim")
+        try:
+            client.subscribe(
+                DURABLES[ev.name], "dc", prefetch=10, **{"activemq.subscriptionName": ev.name}
+            )
+            self.model.durable_created(ev.name)
+            client.call("UNSUBSCRIBE", id="dc")
+            for frame in client.take_buffered():  # a new subscription starts at the end
+                self._take(client, frame, "durable", ev.name, ack_markers=False)
+        finally:
+            client.close()
+
+    def _durable_delete(self, ev: DurableDelete) -> None:
+        if not self.model.durables[ev.name].exists:
+            return
+        client = self._client("sim")
+        try:
+            # STOMP 1.2's UNSUBSCRIBE needs an id: attach, then unsubscribe with the name.
+            client.subscribe(
+                DURABLES[ev.name], "dd", prefetch=1, **{"activemq.subscriptionName": ev.name}
+            )
+            client.call("UNSUBSCRIBE", id="dd", **{"activemq.subscriptionName": ev.name})
+            for frame in client.take_buffered():
+                self._take(client, frame, "durable", ev.name, ack_markers=False)
+            self.model.durable_deleted(ev.name)
+        finally:
+            client.close()
+
+    def _durable_consume(self, ev: DurableConsume) -> None:
+        if not self.model.durables[ev.name].exists:
+            return
+        wanted = min(ev.count, self.model.durable_surely_available(ev.name))
+        if wanted == 0:
+            return
+        rng = random.Random(ev.seed)
+        client = self._client("sim")
+        try:
+            client.subscribe(
+                DURABLES[ev.name],
+                "dur",
+                prefetch=ev.prefetch,
+                **{"activemq.subscriptionName": ev.name},
+            )
+            held: set[int] = set()
+            nacks: dict[int, int] = {}
+            acks: list[tuple[str, int]] = []
+            distinct: set[int] = set()
+            while len(distinct) < wanted:
+                frame = client.message()
+                msg = self._take(client, frame, "durable", ev.name)
+                if msg is None:
+                    continue
+                distinct.add(msg.msg_id)
+                held.discard(msg.msg_id)
+                action = rng.choices(["ack", "nack", "leave"], weights=[6, 2, 2])[0]
+                if action == "leave" and len(held) + 2 > ev.prefetch:
+                    action = "ack"
+                if action == "ack":
+                    acks.append((client.frame("ACK", id=frame.headers["ack"]), msg.msg_id))
+                elif action == "nack":
+                    client.frame("NACK", id=frame.headers["ack"])
+                    nacks[msg.msg_id] = nacks.get(msg.msg_id, 0) + 1
+                    self.model.durable_requeued(ev.name, msg.msg_id, nacks[msg.msg_id])
+                else:
+                    held.add(msg.msg_id)
+            client.wait_receipts([r for r, _ in acks], "ACK")
+            for _, msg_id in acks:
+                self.model.durable_acked(ev.name, msg_id)
+            client.call("UNSUBSCRIBE", id="dur")
+            back = set(held)
+            for frame in client.take_buffered():
+                extra = self._take(client, frame, "durable", ev.name, ack_markers=False)
+                if extra is not None:
+                    back.add(extra.msg_id)
+            for msg_id in back:
+                self.model.durable_requeued(ev.name, msg_id, nacks.get(msg_id, 0) + 1)
+        finally:
+            client.close()
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    def _transaction(self, ev: Transaction) -> None:
+        self._txs += 1
+        txno, tx = self._txs, f"tx{self._txs}"
+        client = self._client()
+        msgs: list[SimMessage] = []
+        acked: list[SimMessage] = []
+        killed = False
+        try:
+            client.call("BEGIN", transaction=tx)
+            receipts = []
+            for k in range(ev.sends):
+                dest = ev.dests[k % len(ev.dests)]
+                dedup = self.model.new_dedup_id() if ev.dedup and dest in QUEUES else None
+                msg = self.model.new_message(
+                    dest, persistent=True, size=ev.size, dedup=dedup, tx=txno
+                )
+                msgs.append(msg)
+                body = body_for(msg.msg_id, msg.size)
+                headers = self._headers(msg, transaction=tx)
+                receipts.append(client.send(dest, body, headers))
+            client.wait_receipts(receipts, "transacted SEND")
+            acked = self._transacted_acks(client, ev, tx)
+            if ev.outcome == "commit":
+                client.call("COMMIT", transaction=tx)
+                for msg in msgs:
+                    self.model.visible(msg, receipted=True)
+                for msg in acked:
+                    self.model.acked(msg)
+            elif ev.outcome == "abort":
+                client.call("ABORT", transaction=tx)
+                self._aborted(msgs, acked)
+            elif ev.outcome == "disconnect":
+                client.close()
+                self._aborted(msgs, acked)
+            elif ev.outcome == "crash_open":
+                self.broker.kill()
+                killed = True
+                self._aborted(msgs, [])
+            else:  # crash_commit: the COMMIT is on its way when the broker dies
+                client.frame("COMMIT", transaction=tx)
+                self.broker.kill()
+                killed = True
+                for msg in msgs:
+                    self.model.visible(msg, receipted=False)
+                with self.model.lock:
+                    self.model.unknown_commits.append([m.msg_id for m in msgs])
+                    for msg in acked:
+                        msg.fate = Fate.MAYBE
+            if ev.outcome in ("commit", "abort") and acked:
+                client.call("UNSUBSCRIBE", id="tx")
+                for frame in client.take_buffered():
+                    extra = self._take(client, frame, "queue", ev.acks_from, ack_markers=False)
+                    if extra is not None:
+                        self.model.requeued(extra)
+        finally:
+            if killed:
+                client.abandon()
+            else:
+                client.close()
+        if killed:
+            self.stats.crashes += 1
+            self._restart(ev.restart, crashed=True)
+
+    def _transacted_acks(self, client: SimClient, ev: Transaction, tx: str) -> list[SimMessage]:
+        """Take up to `ev.acks` messages of `ev.acks_from` and ACK them in the transaction."""
+        wanted = min(ev.acks, self.model.surely_available(ev.acks_from))
+        if wanted == 0:
+            return []
+        client.subscribe(ev.acks_from, "tx", prefetch=wanted)
+        taken: list[SimMessage] = []
+        while len(taken) < wanted:
+            frame = client.message()
+            msg = self._take(client, frame, "queue", ev.acks_from)
+            if msg is not None:
+                taken.append(msg)
+                client.frame("ACK", id=frame.headers["ack"], transaction=tx)
+        return taken
+
+    def _aborted(self, msgs: list[SimMessage], acked: list[SimMessage]) -> None:
+        for msg in msgs:
+            self.model.forbid(msg, "aborted")
+        for msg in acked:
+            self.model.requeued(msg)
+
+    # -- GC, crashes, stops, restarts -----------------------------------------------------------
+
+    def _gc_passes(self) -> int:
+        return self.broker.log_text().count("journal gc:")
+
+    def _wait_gc(self, _: WaitGc) -> None:
+        """Give GC a pass: wait (bounded) for its next log line, unless the journal has only
+        its head file, when there is nothing to collect."""
+        files = list((self.data_dir / "journal").glob("db-*.log"))
+        if len(files) <= 1:
+            return
+        before = self._gc_passes()
+        _poll(lambda: self._gc_passes() > before, 2 * self.settings.gc_interval_s + 0.5)
+
+    def _crash(self, ev: Crash) -> None:
+        if ev.during in ("sends", "mixed"):
+            self._crash_under_load(ev)
+        else:
+            if ev.during == "gc":
+                self._wait_gc(WaitGc())
+            elif ev.during == "stop":
+                self.broker.terminate()
+            self.broker.kill()
+        self.stats.crashes += 1
+        self._restart(ev.restart, crashed=True)
+
+    def _crash_under_load(self, ev: Crash) -> None:
+        bg = _Background()
+        rng = random.Random(ev.seed)
+        threads = [
+            threading.Thread(
+                target=self._background_producer, args=(bg, ev.receipts, rng.randrange(1 << 30))
+            )
+        ]
+        if ev.during == "mixed":
+            queue = rng.choice(QUEUES)
+            threads.append(threading.Thread(target=self._background_consumer, args=(bg, queue)))
+        for thread in threads:
+            thread.start()
+        try:
+            if not _poll(lambda: bg.reached.is_set() or not threads[0].is_alive(), 60.0):
+                raise SimFailure("hang", f"{ev.receipts} receipts did not come within 60 s")
+        finally:
+            self.broker.kill()
+            bg.stop.set()
+            for thread in threads:
+                thread.join(60)
+        if any(thread.is_alive() for thread in threads):
+            raise SimFailure("hang", "a background client did not end after the kill")
+        if bg.failures:
+            raise bg.failures[0]
+        if bg.receipts < ev.receipts:
+            raise SimFailure(
+                "connection-lost",
+                f"the background producer stopped after {bg.receipts} of {ev.receipts} "
+                f"receipts:\n{_tail(self.broker.logs[-1] if self.broker.logs else '')}",
+            )
+
+    def _background_producer(self, bg: _Background, receipts: int, seed: int) -> None:
+        rng = random.Random(seed)
+        window: deque[tuple[str, SimMessage]] = deque()
+        try:
+            client = self._client()
+        except (BrokerGone, SimFailure) as exc:
+            bg.failures.append(SimFailure("connection-lost", f"background producer: {exc}"))
+            return
+        try:
+            while not bg.stop.is_set():
+                dest = rng.choice(QUEUES + TOPICS)
+                persistent = rng.random() < 0.9
+                msg = self.model.new_message(dest, persistent=persistent, size=_bg_size(rng))
+                body = body_for(msg.msg_id, msg.size)
+                window.append((client.send(dest, body, self._headers(msg)), msg))
+                while window and (
+                    len(window) >= BACKGROUND_WINDOW or client.has_receipt(window[0][0])
+                ):
+                    receipt, done = window.popleft()
+                    client.wait_receipts([receipt], "background SEND")
+                    self.model.visible(done, receipted=True)
+                    bg.receipts += 1
+                    if bg.receipts >= receipts:
+                        bg.reached.set()
+        except BrokerGone:
+            pass
+        except SimFailure as failure:
+            if not bg.stop.is_set():
+                bg.failures.append(failure)
+        finally:
+            client.abandon()
+
+    def _background_consumer(self, bg: _Background, queue: str) -> None:
+        try:
+            client = self._client()
+            client.subscribe(queue, "bg", prefetch=20)
+        except (BrokerGone, SimFailure):
+            return  # the producer's failure says more
+        try:
+            while not bg.stop.is_set():
+                frame = client.poll_message(0.1)
+                if frame is None:
+                    continue
+                msg = self._take(client, frame, "queue", queue)
+                if msg is not None:
+                    self.model.ack_sent(msg)
+                    client.wait_receipts([client.frame("ACK", id=frame.headers["ack"])], "ACK")
+                    self.model.acked(msg)
+        except BrokerGone:
+            pass
+        except SimFailure as failure:
+            if not bg.stop.is_set():
+                bg.failures.append(failure)
+        finally:
+            client.abandon()
+
+    def _stop(self, ev: Stop) -> None:
+        self.broker.stop()
+        self.stats.clean_stops += 1
+        self._verify(after_crash=False)
+        self._restart(ev.restart, crashed=False, verified=True)
+
+    def _disk_full(self, ev: DiskFull) -> None:
+        if not (self.settings.small_disk and self.disk.available):
+            return
+        self.stats.disk_fulls += 1
+        self.disk.fill(ev.leave_bytes)
+        client: SimClient | None = None
+        refused = 0
+        try:
+            for k in range(ev.sends):
+                if client is None:
+                    client = self._client()
+                dest = QUEUES[k % len(QUEUES)]
+                msg = self.model.new_message(dest, persistent=True, size=ev.size)
+                receipt = client.send(dest, body_for(msg.msg_id, msg.size), self._headers(msg))
+                try:
+                    client.wait_receipts([receipt], "SEND on a full disk", timeout=5.0)
+                except (BrokerGone, SimFailure):
+                    # Refused (ERROR) or held back (flow control): it may or may not be stored.
+                    self.model.unanswered(msg)
+                    client.abandon()
+                    client = None
+                    refused += 1
+                    if refused >= 2:
+                        break
+                    continue
+                self.model.visible(msg, receipted=True)
+        except BrokerGone:
+            pass
+        finally:
+            if client is not None:
+                client.abandon()
+            self.disk.free()
+        self.broker.stop()
+        self.stats.clean_stops += 1
+        # A write the full disk cut short may leave a torn tail, as a crash does.
+        self._verify(after_crash=True)
+        self._restart(ev.restart, crashed=False, verified=True)
+
+    def _verify(self, *, after_crash: bool) -> None:
+        result = self.broker.tool("verify", self.data_dir)
+        if result.returncode == 0:
+            return
+        lines = result.stdout.splitlines()
+        problems = [
+            line
+            for line in lines
+            if not (line.endswith("bytes of data") or line.startswith("index:"))
+            and not line.endswith("problems")
+        ]
+        if after_crash and all("torn tail" in line for line in problems):
+            return
+        check = "verify-after-crash" if after_crash else "verify-after-clean-stop"
+        raise SimFailure(
+            check,
+            f"sluice store verify exit {result.returncode}:\n"
+            + "\n".join(problems[:20])
+            + "\n"
+            + result.stderr[-2000:],
+        )
+
+    def _restart(self, restart: Restart, *, crashed: bool, verified: bool = False) -> None:
+        if self.tamper is not None:
+            self.tamper(self.data_dir)
+        if restart.tool == "verify" and not verified:
+            self._verify(after_crash=crashed)
+        elif restart.tool in ("rebuild-index", "compact"):
+            result = self.broker.tool(restart.tool, self.data_dir)
+            if result.returncode != 0:
+                raise SimFailure(
+                    f"tool-{restart.tool}",
+                    f"exit {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}",
+                )
+        self.broker.start(repair=restart.repair)
+        self.model.restarted(crashed)
+        self.stats.restarts += 1
+        self._sweep(ack=False)
+
+    # -- sweeps ---------------------------------------------------------------------------------
+
+    def _sweep(self, *, ack: bool, final: bool = False, check_deleted: bool = False) -> None:
+        """Read every queue, DLQ and durable subscription up to a sentinel sent after
+        subscribing (acknowledging what was read if `ack`) and check the model."""
+        self._sweeps += 1
+        token = f"sweep{self._sweeps}"
+        sweep = Sweep()
+        subs: dict[str, tuple[str, str]] = {}
+        client = self._client("sim")
+        try:
+            for queue in QUEUES:
+                subs[queue] = ("queue", queue)
+                sweep.queues[queue] = []
+            for dlq in sorted({dlq_of(d) for d in QUEUES + TOPICS}):
+                subs[dlq] = ("dlq", dlq)
+                sweep.dlqs[dlq] = []
+            for sub_id, (_kind, name) in subs.items():
+                client.subscribe(name, sub_id, prefetch=SWEEP_PREFETCH)
+            topics = set()
+            for name, durable in self.model.durables.items():
+                if durable.exists:
+                    kind = "durable"
+                    sweep.durables[name] = []
+                elif check_deleted and durable.deleted:
+                    kind = "deleted"
+                    sweep.deleted_durables[name] = []
+                else:
+                    continue
+                subs[f"durable-{name}"] = (kind, name)
+                topics.add(durable.topic)
+                client.subscribe(
+                    durable.topic,
+                    f"durable-{name}",
+                    prefetch=SWEEP_PREFETCH,
+                    **{"activemq.subscriptionName": name},
+                )
+            sentinels = [
+                client.send(dest, token, {SENTINEL: token, "persistent": "true"})
+                for dest in [name for kind, name in subs.values() if kind in ("queue", "dlq")]
+                + sorted(topics)
+            ]
+            client.wait_receipts(sentinels, "sentinel SEND")
+            delivered = self._read_to_sentinels(client, subs, token, sweep, ack=ack)
+            for sub_id, (kind, name) in subs.items():
+                extra = {"activemq.subscriptionName": name} if kind == "deleted" else {}
+                client.call("UNSUBSCRIBE", id=sub_id, **extra)
+            for frame in client.take_buffered():
+                kind, name = subs[frame.headers["subscription"]]
+                if kind != "deleted":
+                    msg = self._take(client, frame, kind, name, ack_markers=False)
+                    if msg is not None:
+                        delivered.append((kind, name, msg))
+            if not ack:
+                for kind, name, msg in delivered:
+                    if kind == "queue":
+                        self.model.requeued(msg)
+                    elif kind == "durable":
+                        self.model.durable_requeued(name, msg.msg_id, 1)
+        finally:
+            client.close()
+        self.model.check_sweep(sweep, final=final)
+
+    def _read_to_sentinels(
+        self,
+        client: SimClient,
+        subs: dict[str, tuple[str, str]],
+        token: str,
+        sweep: Sweep,
+        *,
+        ack: bool,
+    ) -> list[tuple[str, str, SimMessage]]:
+        waiting = set(subs)
+        delivered: list[tuple[str, str, SimMessage]] = []
+        acks: list[tuple[str, str, str, SimMessage]] = []
+        while waiting:
+            frame = client.message()
+            h = frame.headers
+            sub_id = h["subscription"]
+            kind, name = subs[sub_id]
+            if h.get(SENTINEL) == token:
+                waiting.discard(sub_id)
+            if kind == "deleted":
+                if SENTINEL not in h and STREAM_ABORT not in h:
+                    sweep.deleted_durables[name].append(int(h.get(SIM_ID, "-1")))
+                client.frame("ACK", id=frame.headers["ack"])
+                continue
+            msg = self._take(client, frame, kind, name)
+            if msg is None:
+                continue
+            redelivered = h.get("redelivered") == "true"
+            if kind == "queue":
+                sweep.queues[name].append((msg.msg_id, redelivered))
+            elif kind == "durable":
+                sweep.durables[name].append((msg.msg_id, redelivered))
+            else:
+                sweep.dlqs[name].append(msg.msg_id)
+            if ack:
+                acks.append((client.frame("ACK", id=frame.headers["ack"]), kind, name, msg))
+            else:
+                delivered.append((kind, name, msg))
+        client.wait_receipts([a[0] for a in acks], "ACK")
+        for _, kind, name, msg in acks:
+            if kind == "queue":
+                self.model.acked(msg)
+            elif kind == "durable":
+                self.model.durable_acked(name, msg.msg_id)
+            else:
+                self.model.dlq_acked(msg)
+        return delivered
+
+    def _journal_bytes(self) -> int:
+        return sum(p.stat().st_size for p in (self.data_dir / "journal").iterdir() if p.is_file())
+
+    def _wait_disk_bound(self) -> None:
+        timeout = max(15.0, 10 * self.settings.gc_interval_s)
+        if not _poll(lambda: self._journal_bytes() <= DISK_BOUND_BYTES, timeout):
+            files = sorted(
+                f"{p.name} {p.stat().st_size}" for p in (self.data_dir / "journal").iterdir()
+            )
+            raise SimFailure(
+                "disk-bound",
+                f"journal holds {self._journal_bytes()} bytes > {DISK_BOUND_BYTES} after "
+                f"everything was drained and {timeout:.0f} s of GC: {files}",
+            )
+
+
+def _bg_size(rng: random.Random) -> int:
+    return rng.choice([100, 1000, 4000, 16000])
+
+
+def _tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# -- running, shrinking, reporting ------------------------------------------------------------
+
+
+def run_life(
+    seed: int,
+    workdir: Path,
+    *,
+    settings: Settings | None = None,
+    events: list[Event] | None = None,
+    tamper: Tamper | None = None,
+) -> LifeStats:
+    """Run one life (the seed's own events unless `events` is given); raises `SimFailure`."""
+    drawn_settings, drawn_events = generate(seed)
+    life = Life(
+        seed,
+        settings or drawn_settings,
+        drawn_events if events is None else events,
+        workdir,
+        tamper=tamper,
+    )
+    return life.run()
+
+
+def _workdirs(root: Path, prefix: str) -> Iterator[Path]:
+    n = 0
+    while True:
+        n += 1
+        path = root / f"{prefix}-{n}"
+        yield path
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def shrink(
+    seed: int,
+    settings: Settings,
+    events: list[Event],
+    check: str,
+    root: Path,
+    budget_s: float,
+    *,
+    tamper: Tamper | None = None,
+) -> tuple[list[Event], int]:
+    """Delta debugging: drop chunks of events while the same check still fails; stops at the
+    budget. Returns the smallest failing list found and the number of lives tried."""
+    deadline = time.monotonic() + budget_s
+    workdirs = _workdirs(root, f"shrink-{seed}")
+    tries = 0
+
+    def fails(candidate: list[Event]) -> bool:
+        nonlocal tries
+        tries += 1
+        try:
+            run_life(seed, next(workdirs), settings=settings, events=candidate, tamper=tamper)
+        except SimFailure as failure:
+            return failure.check == check
+        return False
+
+    current = list(events)
+    chunks = 2
+    while len(current) >= 1 and time.monotonic() < deadline:
+        size = max(1, -(-len(current) // chunks))
+        for start in range(0, len(current), size):
+            candidate = current[:start] + current[start + size :]
+            if time.monotonic() >= deadline:
+                break
+            if fails(candidate):
+                current = candidate
+                chunks = max(chunks - 1, 2)
+                break
+        else:
+            if size == 1:
+                break
+            chunks = min(len(current), chunks * 2)
+    return current, tries
+
+
+def report(
+    seed: int,
+    settings: Settings,
+    failure: SimFailure,
+    events: list[Event],
+    shrunk: list[Event],
+    tries: int,
+) -> str:
+    """The message of a failed life: seed, check, shrunk events."""
+    notes = "\n".join(getattr(failure, "__notes__", []))
+    lines = [
+        f"lifecycle simulation failed: seed {seed}",
+        f"replay: pytest tests/lifecycle/test_process_lifecycle.py --seed {seed}",
+        f"check: {failure.check}",
+        f"{failure.detail}",
+        notes,
+        f"settings: {settings!r}",
+        f"shrunk to {len(shrunk)} of {len(events)} events ({tries} lives tried):",
+        *[f"    {event!r}," for event in shrunk],
+    ]
+    return "\n".join(line for line in lines if line)
+
+
+def check_life(
+    seed: int,
+    root: Path,
+    *,
+    shrink_budget_s: float = 120.0,
+    tamper: Tamper | None = None,
+    events: list[Event] | None = None,
+) -> LifeStats:
+    """Run life `seed`; on failure shrink it and raise an `AssertionError` with the report."""
+    settings, drawn = generate(seed)
+    events = drawn if events is None else events
+    try:
+        return run_life(
+            seed, root / f"life-{seed}", settings=settings, events=events, tamper=tamper
+        )
+    except SimFailure as failure:
+        shrunk, tries = shrink(
+            seed, settings, events, failure.check, root, shrink_budget_s, tamper=tamper
+        )
+        raise AssertionError(report(seed, settings, failure, events, shrunk, tries)) from None
