@@ -35,6 +35,8 @@ Strings are UTF-8 with a length prefix: `str16` = u16 length + bytes, `str32` = 
     14 CHECKPOINT     file_no u32 | offset u64 | time_ms u64
     15 DEST_SEQ       seq u64 | destination str16   (last sequence is at least seq)
     16 PADDING        zeros: bytes a repair overwrote (damaged records it skipped)
+    17 FILES_RETIRED  count u32 | count x (first u32, last u32)   (every data file number
+                      collected so far, as inclusive ranges; the newest such record counts)
 
 `txno` 0 means "not transacted". Transaction numbers are the store's own, unique for the life of
 the journal; TX_BEGIN maps one to the client's transaction id for tools. Decoders check every
@@ -48,14 +50,16 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sluice.store.api import DEDUP_HEADER, StoredMessage
 
 MAGIC = b"SLUICEJL"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 files are read as they are: they differ only in never holding FILES_RETIRED records.
+READABLE_VERSIONS = frozenset({1, 2})
 HEADER = struct.Struct("<IIB")
 HEADER_BYTES = HEADER.size  # 9
 # A record is at most a 64 MiB frame plus its headers; anything far larger is damage.
@@ -74,6 +78,7 @@ _U64_U64 = struct.Struct("<QQ")
 _U64_U32 = struct.Struct("<QI")
 _U64_U64_U32 = struct.Struct("<QQI")
 _U32_U64_U64 = struct.Struct("<IQQ")
+_U32_U32 = struct.Struct("<II")
 _U64_U8 = struct.Struct("<QB")
 _MAX_U16 = 0xFFFF
 _MAX_U32 = 0xFFFF_FFFF
@@ -99,6 +104,7 @@ class RecordType(enum.IntEnum):
     CHECKPOINT = 14
     DEST_SEQ = 15
     PADDING = 16
+    FILES_RETIRED = 17
 
 
 VALID_TYPES = frozenset(int(t) for t in RecordType)
@@ -256,6 +262,31 @@ class Padding:
     payload_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class FilesRetired:
+    """Every data file collected (deleted or archived) so far, as inclusive number ranges.
+
+    Written, and synced, before the files named for the first time are removed, so a rebuild
+    can tell a file that collection removed from one that was lost."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, numbers: Iterable[int]) -> FilesRetired:
+        """The ranges covering `numbers`."""
+        ranges: list[tuple[int, int]] = []
+        for n in sorted(set(numbers)):
+            if ranges and ranges[-1][1] == n - 1:
+                ranges[-1] = (ranges[-1][0], n)
+            else:
+                ranges.append((n, n))
+        return cls(tuple(ranges))
+
+    def covers(self, file_no: int) -> bool:
+        """Whether collection removed data file `file_no`."""
+        return any(first <= file_no <= last for first, last in self.ranges)
+
+
 Record = (
     FileHeader
     | AddMeta
@@ -273,6 +304,7 @@ Record = (
     | DestSeq
     | Checkpoint
     | Padding
+    | FilesRetired
 )
 
 
@@ -541,6 +573,13 @@ def encode(record: Record) -> tuple[int, bytes]:
         return RecordType.CHECKPOINT, _U32_U64_U64.pack(
             record.file_no, record.offset, record.time_ms
         )
+    if isinstance(record, FilesRetired):
+        parts = [_U32.pack(len(record.ranges))]
+        for first, last in record.ranges:
+            if not 1 <= first <= last <= 0xFFFFFFFF:
+                raise FormatError(f"bad retired file range {first}-{last}")
+            parts.append(_U32_U32.pack(first, last))
+        return RecordType.FILES_RETIRED, b"".join(parts)
     if isinstance(record, FileHeader):
         if len(record.store_id) != 16:
             raise FormatError("store id must be 16 bytes")
@@ -607,11 +646,19 @@ def decode(rtype: int, payload: bytes | memoryview) -> Record:
             raise FormatError("padding holds non-zero bytes")
         record = Padding(r.end)
         r.pos = r.end
+    elif rtype == RecordType.FILES_RETIRED:
+        (count,) = r.fixed(_U32)
+        if count * _U32_U32.size > r.end - r.pos:
+            raise FormatError(f"retired range count {count} exceeds the payload")
+        ranges = tuple((int(a), int(b)) for a, b in (r.fixed(_U32_U32) for _ in range(count)))
+        if any(not 1 <= first <= last for first, last in ranges):
+            raise FormatError("retired file ranges out of order")
+        record = FilesRetired(ranges)
     elif rtype == RecordType.FILE_HEADER:
         magic, version, file_no, store_id, created_ms = r.fixed(_FILE_HEADER)
         if magic != MAGIC:
             raise FormatError("bad magic in file header")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise FormatError(f"unsupported journal format version {version}")
         record = FileHeader(file_no, bytes(store_id), created_ms, version)
     else:
