@@ -68,8 +68,6 @@ MARK_STEP = 1000
 # Without a store that survives restarts there is nothing to mark.
 _NO_MARKS = 1 << 62
 
-_tags = itertools.count(1)
-
 
 class _Verdict(enum.Enum):
     """What one dispatch pass does with one pending message."""
@@ -131,11 +129,6 @@ class _Pass:
     skipped: list[tuple[int, Message]] = field(default_factory=list)
     # Groups whose next message waits for its consumer's credit.
     held: set[str] = field(default_factory=set)
-
-
-def next_tag() -> int:
-    """A broker-wide unique delivery tag."""
-    return next(_tags)
 
 
 class Queue(QueuePaging):
@@ -594,8 +587,7 @@ class Queue(QueuePaging):
             sub.link.deliver(sub, message, 0, message.delivery_count)
             self.settle(sub, message)
             return
-        tag = next(_tags)
+        tag = sub.tags.issue(sub)
         sub.inflight[tag] = message
         sub.inflight_bytes += message.nbytes
-        sub.tags[tag] = sub
         sub.link.deliver(sub, message, tag, message.delivery_count)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from sluice.config import DestinationPolicy
 from sluice.core.destination import Destination, Services
 from sluice.core.message import DestinationKind, Message
-from sluice.core.queue import DELIVER_LIMIT, next_tag
+from sluice.core.queue import DELIVER_LIMIT
 from sluice.core.subscription import Durable
 from sluice.core.usage import Usage
 from sluice.errors import RequestError
@@ -620,10 +620,9 @@ class Topic(Destination):
             if sub.durable is not None:
                 self._advance_cursor(sub, sub.durable)
             return
-        tag = next_tag()
+        tag = sub.tags.issue(sub)
         sub.inflight[tag] = message
         sub.inflight_bytes += message.nbytes
         if count > 1:
             sub.inflight_counts[tag] = count
-        sub.tags[tag] = sub
         sub.link.deliver(sub, message, tag, count)
