@@ -192,6 +192,11 @@ class Subscription:
             return False
         return not self.prefetch_bytes or self.inflight_bytes < self.prefetch_bytes
 
+    def resume_offset(self) -> int:
+        """A topic subscription: the sequence it would deliver next (what it read back from
+        the store but did not deliver yet included), where a reader of the log resumes."""
+        return self.backlog[0].seq if self.backlog else self.next_seq
+
     def fits(self, message: Message) -> bool:
         """Does the message fit in the byte credit left (always, with nothing in flight)?"""
         if not self.prefetch_bytes or self.auto or not self.inflight:

@@ -222,6 +222,11 @@ class Topic(Destination):
             candidates.append(stored)
         return min(candidates) if candidates else self.last_seq + 1
 
+    def offsets(self) -> tuple[int, int]:
+        """(first, last): the oldest sequence kept and the newest subscribers may see, what a
+        reader of the log (the Spark source) may ask for."""
+        return self.earliest_seq(), self.visible_seq
+
     def resolve_offset(self, spec: str) -> int:
         """The first sequence a reader starting at `spec` gets."""
         spec = spec.strip()
