@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from sluice.core.broker import FlowReason
-from sluice.core.connection import BrokerConnection
+from sluice.core.connection import BrokerConnection, SubscribeOptions
 from sluice.core.message import AckMode, Message
 from sluice.core.subscription import Subscription
 from sluice.core.topic import Topic
@@ -318,10 +318,7 @@ class StompSession(asyncio.Protocol):
         if mode is None:
             raise RequestError(f"unknown ack mode {h.get('ack')!r} in SUBSCRIBE")
         prefetch = parse_int_header(h, "activemq.prefetchSize", minimum=1)
-        sub = core.subscribe(
-            sub_id,
-            destination,
-            mode,
+        options = SubscribeOptions(
             prefetch=prefetch,
             prefetch_bytes=parse_int_header(h, "x-prefetch-bytes", minimum=0) or 0,
             selector=h.get("selector"),
@@ -330,6 +327,7 @@ class StompSession(asyncio.Protocol):
             durable_name=h.get("activemq.subscriptionName"),
             offset=h.get("x-offset"),
         )
+        sub = core.subscribe(sub_id, destination, mode, options)
         escaped = (
             escape_value(sub_id, self._version) if self._version is not Version.V1_0 else sub_id
         )
@@ -339,9 +337,8 @@ class StompSession(asyncio.Protocol):
             topic = sub.destination if sub is not None else None
             if isinstance(topic, Topic):
                 # Readers of a topic's log (the Spark source) learn what it keeps from the receipt.
-                extra = (
-                    f"x-first-offset:{topic.earliest_seq()}\nx-last-offset:{topic.visible_seq}\n"
-                )
+                first, last = topic.offsets()
+                extra = f"x-first-offset:{first}\nx-last-offset:{last}\n"
             self._receipt(receipt, extra)
 
     def _on_unsubscribe(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
@@ -356,8 +353,7 @@ class StompSession(asyncio.Protocol):
         extra = ""
         if sub is not None and isinstance(sub.destination, Topic):
             # Where this cursor stopped: a reader of the log (the Spark source) resumes there.
-            next_seq = sub.backlog[0].seq if sub.backlog else sub.next_seq
-            extra = f"x-next-offset:{next_seq}\n"
+            extra = f"x-next-offset:{sub.resume_offset()}\n"
         core.unsubscribe(sub_id, durable_name)
         if receipt is not None:
             self._receipt(receipt, extra)
