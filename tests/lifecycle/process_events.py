@@ -211,7 +211,7 @@ Event = (
 
 
 def _size(rng: random.Random) -> int:
-    return rng.choices([40, 600, 3000, 12 * KiB, 40 * KiB], weights=[4, 4, 3, 2, 1])[0]
+    return rng.choices([40, 600, 3000, 12 * KiB, 40 * KiB], weights=[3, 3, 3, 3, 2])[0]
 
 
 def _restart(rng: random.Random) -> Restart:
@@ -225,7 +225,7 @@ def _send(rng: random.Random) -> Event:
     persistent = rng.random() < 0.8
     expiry = rng.choices(["none", "short", "past"], weights=[10, 1, 1])[0]
     dedup = not topic and persistent and expiry == "none" and rng.random() < 0.25
-    count = rng.choice([1, 3, 10, 30, 80])
+    count = rng.choice([1, 3, 10, 30, 80, 150])
     return Send(dest, count, persistent, _size(rng), expiry, dedup)
 
 

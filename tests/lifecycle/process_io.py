@@ -207,9 +207,7 @@ class SimClient:
     def abandon(self) -> None:
         """Drop the connection without a word (its socket and receiver thread)."""
         with contextlib.suppress(Exception):
-            self.conn.transport.stop()
-        with contextlib.suppress(Exception):
-            self.conn.disconnect()
+            self.conn.transport.disconnect_socket()  # ends the receiver thread's recv()
 
 
 class Broker:

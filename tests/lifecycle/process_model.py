@@ -84,6 +84,7 @@ class SimMessage:
     run_deliveries: int = 0  # from its queue, since the broker last started
     possibly_dlq: bool = False  # may have been dead-lettered (or expired) by now
     ever_seen: bool = False  # delivered from its queue or seen in its DLQ at some point
+    ack_in_flight: bool = False  # an ACK was sent whose answer may be lost
     must_reach_dlq: bool = False  # persistent, receipted and expired on arrival
     history: list[str] = field(default_factory=list)  # what happened to it, for reports
 
@@ -187,13 +188,13 @@ class Model:
             self._next_order += 1
             msg.order = self._next_order
             msg.note(self.run, "receipted" if receipted else "unanswered")
-            if msg.fate is Fate.FORBIDDEN:
+            if msg.fate in (Fate.FORBIDDEN, Fate.ACKED):  # a consumer may beat the receipt
                 return
             if msg.expiry is Expiry.PAST:
                 msg.fate, msg.why = Fate.FORBIDDEN, "expired"
                 msg.must_reach_dlq = receipted and msg.persistent and msg.destination in QUEUES
                 return
-            certain = receipted and msg.expiry is Expiry.NONE
+            certain = receipted and msg.expiry is Expiry.NONE and not msg.ack_in_flight
             msg.fate = Fate.REQUIRED if certain else Fate.MAYBE
             if msg.expiry is Expiry.SHORT:
                 msg.possibly_dlq = True
@@ -251,7 +252,7 @@ class Model:
         """A queue delivered a message: check it may be delivered, and how."""
         with self.lock:
             msg = self._lookup(sim_id, queue)
-            where = f"{queue} message {sim_id}"
+            where = f"{queue} message {self._describe(sim_id)}"
             if msg.destination != queue:
                 raise SimFailure("wrong-destination", f"{where} was sent to {msg.destination}")
             if msg.fate is Fate.ACKED:
@@ -277,7 +278,7 @@ class Model:
         with self.lock:
             sub = self.durables[name]
             msg = self._lookup(sim_id, f"durable {name}")
-            where = f"durable {name} message {sim_id}"
+            where = f"durable {name} message {self._describe(sim_id)}"
             if msg.destination != sub.topic:
                 raise SimFailure("wrong-destination", f"{where} was sent to {msg.destination}")
             fate = sub.fates.get(sim_id)
@@ -300,7 +301,7 @@ class Model:
         """A dead-letter queue holds a message."""
         with self.lock:
             msg = self._lookup(sim_id, dlq)
-            where = f"{dlq} message {sim_id}"
+            where = f"{dlq} message {self._describe(sim_id)}"
             if original != msg.destination or dlq_of(msg.destination) != dlq:
                 raise SimFailure(
                     "wrong-destination",
@@ -318,12 +319,14 @@ class Model:
         """A queue message's ACK was receipted."""
         with self.lock:
             msg.fate = Fate.ACKED
+            msg.ack_in_flight = False
             msg.note(self.run, "acked")
 
     def ack_sent(self, msg: SimMessage) -> None:
         """An ACK is on its way and its answer may be lost to a crash: the message may be gone."""
         with self.lock:
             msg.note(self.run, "ack-sent")
+            msg.ack_in_flight = True
             if msg.fate is Fate.REQUIRED:
                 msg.fate = Fate.MAYBE
 

@@ -64,16 +64,18 @@ from lifecycle.process_model import (
     Sweep,
     dlq_of,
 )
+from waiting import wait_until
 
 SIM_ID = "x-sim-id"
 SENTINEL = "x-sim-sentinel"
 STREAM_ABORT = "x-stream-abort"
 SWEEP_PREFETCH = 100_000
+# A healthy broker hands a sentinel over in milliseconds; this leaves room for a slow machine.
+SENTINEL_TIMEOUT_S = 10.0
 # After the final drain and GC the journal directory must come back under this many bytes: the
 # head file, the spare made ready for rollover, and one older file still pinned by small records.
 DISK_BOUND_BYTES = 4 * JOURNAL_FILE_BYTES
 BACKGROUND_WINDOW = 8
-POLL_S = 0.05
 Tamper = Callable[[Path], None]
 
 
@@ -85,12 +87,10 @@ def body_for(msg_id: int, size: int) -> str:
 
 def _poll(condition: Callable[[], bool], timeout_s: float) -> bool:
     """Wait (bounded) for a condition the broker's threads make true; True if it became so."""
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        pause.wait(POLL_S)
+    try:
+        wait_until(condition, timeout_s)
+    except TimeoutError:
+        return False
     return True
 
 
@@ -860,7 +860,15 @@ class Life:
         delivered: list[tuple[str, str, SimMessage]] = []
         acks: list[tuple[str, str, str, SimMessage]] = []
         while waiting:
-            frame = client.message()
+            try:
+                frame = client.message(SENTINEL_TIMEOUT_S)
+            except SimFailure:
+                got = {k: len(v) for k, v in {**sweep.queues, **sweep.durables}.items()}
+                raise SimFailure(
+                    "not-delivered",
+                    f"a sentinel published after subscribing did not reach {sorted(waiting)} "
+                    f"within {SENTINEL_TIMEOUT_S:.0f} s; delivered so far {got}",
+                ) from None
             h = frame.headers
             sub_id = h["subscription"]
             kind, name = subs[sub_id]
@@ -951,6 +959,33 @@ def _workdirs(root: Path, prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def ddmin(
+    events: list[Event], fails: Callable[[list[Event]], bool], deadline: float
+) -> tuple[list[Event], int]:
+    """Delta debugging: drop chunks of events, halving the chunks when none can go, while
+    `fails` still holds; stops at `deadline` (monotonic). Returns the smallest failing list
+    found and the number of candidates tried."""
+    current = list(events)
+    tries = 0
+    chunks = 2
+    while current and time.monotonic() < deadline:
+        size = max(1, -(-len(current) // chunks))
+        for start in range(0, len(current), size):
+            if time.monotonic() >= deadline:
+                break
+            candidate = current[:start] + current[start + size :]
+            tries += 1
+            if fails(candidate):
+                current = candidate
+                chunks = max(chunks - 1, 2)
+                break
+        else:
+            if size == 1:
+                break
+            chunks = min(len(current), chunks * 2)
+    return current, tries
+
+
 def shrink(
     seed: int,
     settings: Settings,
@@ -961,38 +996,18 @@ def shrink(
     *,
     tamper: Tamper | None = None,
 ) -> tuple[list[Event], int]:
-    """Delta debugging: drop chunks of events while the same check still fails; stops at the
-    budget. Returns the smallest failing list found and the number of lives tried."""
-    deadline = time.monotonic() + budget_s
+    """The smallest sub-list of a failed life's events that still fails the same `check`,
+    found within `budget_s`, and the number of lives tried."""
     workdirs = _workdirs(root, f"shrink-{seed}")
-    tries = 0
 
     def fails(candidate: list[Event]) -> bool:
-        nonlocal tries
-        tries += 1
         try:
             run_life(seed, next(workdirs), settings=settings, events=candidate, tamper=tamper)
         except SimFailure as failure:
             return failure.check == check
         return False
 
-    current = list(events)
-    chunks = 2
-    while len(current) >= 1 and time.monotonic() < deadline:
-        size = max(1, -(-len(current) // chunks))
-        for start in range(0, len(current), size):
-            candidate = current[:start] + current[start + size :]
-            if time.monotonic() >= deadline:
-                break
-            if fails(candidate):
-                current = candidate
-                chunks = max(chunks - 1, 2)
-                break
-        else:
-            if size == 1:
-                break
-            chunks = min(len(current), chunks * 2)
-    return current, tries
+    return ddmin(events, fails, time.monotonic() + budget_s)
 
 
 def report(
