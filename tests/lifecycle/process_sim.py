@@ -1,4 +1,4 @@
-"""Process-level lifecycle simulation: seeded random lives of a real broker subprocess.
+"""Process-level lifecycle simulation: one life of a real broker subprocess.
 
 A life (`process_events.generate(seed)`) is a list of events run one after another against a
 `sluice broker` on the journal store, with stomp.py clients: sends, consumes with ACK/NACK,
@@ -6,27 +6,23 @@ durable subscriptions, transactions (some spanning file rollover), x-dedup-id re
 streams, GC, clean stops with `sluice store verify`, SIGKILLs at chosen moments (while a
 background producer waits for its k-th receipt, mid-commit, mid-stop), offline tools between
 runs, `--repair` starts, and a disk that fills and frees. `process_model.Model` records what must
-exist; after every restart a sweep reads every queue, dead-letter queue and durable subscription
-to a sentinel (without acknowledging) and checks the model; the life ends with a sweep that
-acknowledges everything, a bounded wait for the journal to shrink under a bound, a clean stop and
-`verify`.
+exist; after every restart a sweep (`process_sweep`) reads every queue, dead-letter queue and
+durable subscription and checks it; the life ends with a sweep that acknowledges everything, a
+bounded wait for the journal to shrink under a bound, a clean stop and `verify`. A broken rule
+raises `SimFailure`; `process_run` shrinks and reports.
 
-A failure is a `SimFailure` naming its check; `check_life` then shrinks the event list (delta
-debugging, within a time budget) and raises an `AssertionError` with the seed, the check and the
-shrunk events. The same seed always produces the same events and the same choices; only the
-exact instant of a kill relative to the broker's own threads varies, which is why every kill is
-tied to a receipt or a log line rather than to a clock.
+The same seed always gives the same events and the same choices within them; only the exact
+instant of a kill relative to the broker's own threads varies, which is why every kill is tied
+to a receipt or a log line rather than to a clock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
-import shutil
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,40 +45,25 @@ from lifecycle.process_events import (
     Stream,
     Transaction,
     WaitGc,
-    generate,
 )
 from lifecycle.process_io import Broker, BrokerGone, SimClient, SmallDisk
+from lifecycle.process_load import BackgroundLoad
 from lifecycle.process_model import (
     DURABLES,
     QUEUES,
-    TOPICS,
     Expiry,
     Fate,
     Model,
     SimFailure,
     SimMessage,
-    Sweep,
-    dlq_of,
 )
+from lifecycle.process_sweep import body_for, headers_for, sweep, take
 from waiting import wait_until
 
-SIM_ID = "x-sim-id"
-SENTINEL = "x-sim-sentinel"
-STREAM_ABORT = "x-stream-abort"
-SWEEP_PREFETCH = 100_000
-# A healthy broker hands a sentinel over in milliseconds; this leaves room for a slow machine.
-SENTINEL_TIMEOUT_S = 10.0
 # After the final drain and GC the journal directory must come back under this many bytes: the
 # head file, the spare made ready for rollover, and one older file still pinned by small records.
 DISK_BOUND_BYTES = 4 * JOURNAL_FILE_BYTES
-BACKGROUND_WINDOW = 8
 Tamper = Callable[[Path], None]
-
-
-def body_for(msg_id: int, size: int) -> str:
-    """The body of message `msg_id`: checked byte for byte on every delivery."""
-    head = f"{msg_id}:"
-    return head + chr(ord("a") + msg_id % 26) * max(0, size - len(head))
 
 
 def _poll(condition: Callable[[], bool], timeout_s: float) -> bool:
@@ -107,7 +88,7 @@ class LifeStats:
     acked: int = 0
     gc_passes: int = 0
     compactions: int = 0
-    data_files: int = 0
+    newest_file: int = 0  # the journal's highest data file number: files started in the life
     disk_fulls: int = 0
     seconds: float = 0.0
     timings: list[tuple[float, str]] = field(default_factory=list)  # seconds per event
@@ -118,18 +99,9 @@ class LifeStats:
             f"seed {self.seed}: {self.events} events, {self.restarts} restarts "
             f"({self.crashes} crashes, {self.clean_stops} clean stops), {self.sent} sent, "
             f"{self.acked} acked, {self.gc_passes} gc passes, {self.compactions} compactions, "
-            f"{self.data_files} data files, {self.disk_fulls} disk fulls, {self.seconds:.1f} s"
+            f"journal up to db-{self.newest_file}.log, {self.disk_fulls} disk fulls, "
+            f"{self.seconds:.1f} s"
         )
-
-
-@dataclass
-class _Background:
-    """A producer (and maybe a consumer) running while the main thread waits to kill."""
-
-    receipts: int = 0
-    reached: threading.Event = field(default_factory=threading.Event)
-    stop: threading.Event = field(default_factory=threading.Event)
-    failures: list[SimFailure] = field(default_factory=list)
 
 
 class Life:
@@ -164,12 +136,12 @@ class Life:
         """Run every event and the final checks; raises `SimFailure`."""
         started = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        disk = self.disk if self.settings.small_disk else None
-        if disk is not None:
-            disk.__enter__()
-        else:
+        with contextlib.ExitStack() as cleanup:
+            if self.settings.small_disk:
+                cleanup.enter_context(self.disk)
             self.disk.path.mkdir(parents=True, exist_ok=True)
-        try:
+            cleanup.callback(self._after, started)
+            cleanup.callback(self.broker.kill)  # runs first: the disk goes after the broker
             self.data_dir.mkdir(exist_ok=True)
             self.broker.start()
             for index, event in enumerate(self.events):
@@ -183,13 +155,11 @@ class Life:
             began = time.monotonic()
             self._finish()
             self.stats.timings.append((time.monotonic() - began, "final checks"))
-        finally:
-            self.broker.kill()
-            if disk is not None:
-                disk.__exit__(None, None, None)
-            self._count_logs()
-            self.stats.seconds = time.monotonic() - started
         return self.stats
+
+    def _after(self, started: float) -> None:
+        self._count_logs()
+        self.stats.seconds = time.monotonic() - started
 
     def _execute(self, event: Event) -> None:
         handlers: dict[type[Any], Callable[[Any], None]] = {
@@ -235,7 +205,7 @@ class Life:
         self.stats.compactions = logs.count("journal gc: compacted")
         self.stats.sent = len(self.model.messages)
         self.stats.acked = self.model.count([Fate.ACKED])
-        self.stats.data_files = max(
+        self.stats.newest_file = max(
             [int(p.stem.split("-")[1]) for p in self.data_dir.glob("journal/db-*.log")] or [0]
         )
 
@@ -243,47 +213,6 @@ class Life:
 
     def _client(self, client_id: str | None = None) -> SimClient:
         return SimClient(self.broker.port, client_id=client_id)
-
-    def _headers(self, msg: SimMessage, **extra: str) -> dict[str, str]:
-        headers = {SIM_ID: str(msg.msg_id), "persistent": str(msg.persistent).lower(), **extra}
-        now_ms = int(time.time() * 1000)
-        if msg.expiry is Expiry.SHORT:
-            headers["expires"] = str(now_ms + 800)
-        elif msg.expiry is Expiry.PAST:
-            headers["expires"] = str(now_ms - 60_000)
-        if msg.dedup is not None:
-            headers["x-dedup-id"] = msg.dedup
-        return headers
-
-    def _take(
-        self, client: SimClient, frame: Any, kind: str, name: str, *, ack_markers: bool = True
-    ) -> SimMessage | None:
-        """Check one delivered frame against the model. Sentinels and stream abort markers are
-        acknowledged and give None."""
-        h = frame.headers
-        if SENTINEL in h or STREAM_ABORT in h:
-            if ack_markers:
-                client.frame("ACK", id=h["ack"])
-            return None
-        raw = h.get(SIM_ID)
-        if raw is None:
-            raise SimFailure("unknown-message", f"{name} delivered a message without {SIM_ID}: {h}")
-        redelivered = h.get("redelivered") == "true"
-        if kind == "queue":
-            msg = self.model.observe_queue(name, int(raw), redelivered)
-        elif kind == "durable":
-            msg = self.model.observe_durable(name, int(raw), redelivered)
-        else:
-            msg = self.model.observe_dlq(name, int(raw), h.get("x-original-destination"))
-        expected = body_for(msg.msg_id, msg.size)
-        if frame.body != expected:
-            got = frame.body if isinstance(frame.body, str) else repr(frame.body)
-            raise SimFailure(
-                "corrupt-body",
-                f"{name} message {msg.msg_id}: {len(got)} chars, expected {len(expected)}; "
-                f"starts {got[:40]!r}",
-            )
-        return msg
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -301,7 +230,7 @@ class Life:
                     dedup=dedup,
                 )
                 body = body_for(msg.msg_id, msg.size)
-                sent.append((client.send(ev.dest, body, self._headers(msg)), msg))
+                sent.append((client.send(ev.dest, body, headers_for(msg)), msg))
             client.wait_receipts([r for r, _ in sent], "SEND")
             for _, msg in sent:
                 self.model.visible(msg, receipted=True)
@@ -320,7 +249,7 @@ class Life:
                 msg = self.model.new_message(ev.dest, persistent=True, size=200, dedup=dedup)
                 accepted = self.model.group_accepted(ev.dest, dedup, before=msg.msg_id)
                 body = body_for(msg.msg_id, msg.size)
-                client.wait_receipts([client.send(ev.dest, body, self._headers(msg))], "SEND")
+                client.wait_receipts([client.send(ev.dest, body, headers_for(msg))], "SEND")
                 if accepted is True:
                     self.model.forbid(msg, "duplicate")
                 elif accepted is False:  # every earlier one was aborted: this one counts
@@ -365,7 +294,7 @@ class Life:
                     extra["x-stream-sha256"] = sha.hexdigest()
                 if ev.transactional:
                     extra["transaction"] = tx
-                sent.append((client.send(ev.dest, body, self._headers(msg, **extra)), msg))
+                sent.append((client.send(ev.dest, body, headers_for(msg, **extra)), msg))
             client.wait_receipts([r for r, _ in sent], "stream chunk")
             if ev.transactional:
                 client.call("COMMIT", transaction=tx)
@@ -389,7 +318,7 @@ class Life:
             distinct: set[int] = set()
             while len(distinct) < wanted:
                 frame = client.message()
-                msg = self._take(client, frame, "queue", ev.dest)
+                msg = take(self.model, client, frame, "queue", ev.dest)
                 if msg is None:
                     continue
                 distinct.add(msg.msg_id)
@@ -411,7 +340,7 @@ class Life:
             # finds it in place.
             client.call("UNSUBSCRIBE", id="c")
             for frame in client.take_buffered():
-                extra = self._take(client, frame, "queue", ev.dest, ack_markers=False)
+                extra = take(self.model, client, frame, "queue", ev.dest, ack_markers=False)
                 if extra is not None:
                     self.model.requeued(extra)
             for msg in held.values():
@@ -430,7 +359,7 @@ class Life:
             self.model.durable_created(ev.name)
             client.call("UNSUBSCRIBE", id="dc")
             for frame in client.take_buffered():  # a new subscription starts at the end
-                self._take(client, frame, "durable", ev.name, ack_markers=False)
+                take(self.model, client, frame, "durable", ev.name, ack_markers=False)
         finally:
             client.close()
 
@@ -445,7 +374,7 @@ class Life:
             )
             client.call("UNSUBSCRIBE", id="dd", **{"activemq.subscriptionName": ev.name})
             for frame in client.take_buffered():
-                self._take(client, frame, "durable", ev.name, ack_markers=False)
+                take(self.model, client, frame, "durable", ev.name, ack_markers=False)
             self.model.durable_deleted(ev.name)
         finally:
             client.close()
@@ -471,7 +400,7 @@ class Life:
             distinct: set[int] = set()
             while len(distinct) < wanted:
                 frame = client.message()
-                msg = self._take(client, frame, "durable", ev.name)
+                msg = take(self.model, client, frame, "durable", ev.name)
                 if msg is None:
                     continue
                 distinct.add(msg.msg_id)
@@ -493,7 +422,7 @@ class Life:
             client.call("UNSUBSCRIBE", id="dur")
             back = set(held)
             for frame in client.take_buffered():
-                extra = self._take(client, frame, "durable", ev.name, ack_markers=False)
+                extra = take(self.model, client, frame, "durable", ev.name, ack_markers=False)
                 if extra is not None:
                     back.add(extra.msg_id)
             for msg_id in back:
@@ -521,7 +450,7 @@ class Life:
                 )
                 msgs.append(msg)
                 body = body_for(msg.msg_id, msg.size)
-                headers = self._headers(msg, transaction=tx)
+                headers = headers_for(msg, transaction=tx)
                 receipts.append(client.send(dest, body, headers))
             client.wait_receipts(receipts, "transacted SEND")
             acked = self._transacted_acks(client, ev, tx)
@@ -554,7 +483,9 @@ class Life:
             if ev.outcome in ("commit", "abort") and acked:
                 client.call("UNSUBSCRIBE", id="tx")
                 for frame in client.take_buffered():
-                    extra = self._take(client, frame, "queue", ev.acks_from, ack_markers=False)
+                    extra = take(
+                        self.model, client, frame, "queue", ev.acks_from, ack_markers=False
+                    )
                     if extra is not None:
                         self.model.requeued(extra)
         finally:
@@ -575,7 +506,7 @@ class Life:
         taken: list[SimMessage] = []
         while len(taken) < wanted:
             frame = client.message()
-            msg = self._take(client, frame, "queue", ev.acks_from)
+            msg = take(self.model, client, frame, "queue", ev.acks_from)
             if msg is not None:
                 taken.append(msg)
                 client.frame("ACK", id=frame.headers["ack"], transaction=tx)
@@ -614,92 +545,14 @@ class Life:
         self._restart(ev.restart, crashed=True)
 
     def _crash_under_load(self, ev: Crash) -> None:
-        bg = _Background()
-        rng = random.Random(ev.seed)
-        threads = [
-            threading.Thread(
-                target=self._background_producer, args=(bg, ev.receipts, rng.randrange(1 << 30))
-            )
-        ]
-        if ev.during == "mixed":
-            queue = rng.choice(QUEUES)
-            threads.append(threading.Thread(target=self._background_consumer, args=(bg, queue)))
-        for thread in threads:
-            thread.start()
-        try:
-            if not _poll(lambda: bg.reached.is_set() or not threads[0].is_alive(), 60.0):
-                raise SimFailure("hang", f"{ev.receipts} receipts did not come within 60 s")
-        finally:
-            self.broker.kill()
-            bg.stop.set()
-            for thread in threads:
-                thread.join(60)
-        if any(thread.is_alive() for thread in threads):
-            raise SimFailure("hang", "a background client did not end after the kill")
-        if bg.failures:
-            raise bg.failures[0]
-        if bg.receipts < ev.receipts:
+        load = BackgroundLoad(self.model, self.broker.port, ev.seed, ev.during == "mixed")
+        load.run_then_kill(ev.receipts, self.broker.kill)
+        if load.receipts < ev.receipts:
             raise SimFailure(
                 "connection-lost",
-                f"the background producer stopped after {bg.receipts} of {ev.receipts} "
+                f"the background producer stopped after {load.receipts} of {ev.receipts} "
                 f"receipts:\n{_tail(self.broker.logs[-1] if self.broker.logs else '')}",
             )
-
-    def _background_producer(self, bg: _Background, receipts: int, seed: int) -> None:
-        rng = random.Random(seed)
-        window: deque[tuple[str, SimMessage]] = deque()
-        try:
-            client = self._client()
-        except (BrokerGone, SimFailure) as exc:
-            bg.failures.append(SimFailure("connection-lost", f"background producer: {exc}"))
-            return
-        try:
-            while not bg.stop.is_set():
-                dest = rng.choice(QUEUES + TOPICS)
-                persistent = rng.random() < 0.9
-                msg = self.model.new_message(dest, persistent=persistent, size=_bg_size(rng))
-                body = body_for(msg.msg_id, msg.size)
-                window.append((client.send(dest, body, self._headers(msg)), msg))
-                while window and (
-                    len(window) >= BACKGROUND_WINDOW or client.has_receipt(window[0][0])
-                ):
-                    receipt, done = window.popleft()
-                    client.wait_receipts([receipt], "background SEND")
-                    self.model.visible(done, receipted=True)
-                    bg.receipts += 1
-                    if bg.receipts >= receipts:
-                        bg.reached.set()
-        except BrokerGone:
-            pass
-        except SimFailure as failure:
-            if not bg.stop.is_set():
-                bg.failures.append(failure)
-        finally:
-            client.abandon()
-
-    def _background_consumer(self, bg: _Background, queue: str) -> None:
-        try:
-            client = self._client()
-            client.subscribe(queue, "bg", prefetch=20)
-        except (BrokerGone, SimFailure):
-            return  # the producer's failure says more
-        try:
-            while not bg.stop.is_set():
-                frame = client.poll_message(0.1)
-                if frame is None:
-                    continue
-                msg = self._take(client, frame, "queue", queue)
-                if msg is not None:
-                    self.model.ack_sent(msg)
-                    client.wait_receipts([client.frame("ACK", id=frame.headers["ack"])], "ACK")
-                    self.model.acked(msg)
-        except BrokerGone:
-            pass
-        except SimFailure as failure:
-            if not bg.stop.is_set():
-                bg.failures.append(failure)
-        finally:
-            client.abandon()
 
     def _stop(self, ev: Stop) -> None:
         self.broker.stop()
@@ -720,7 +573,7 @@ class Life:
                     client = self._client()
                 dest = QUEUES[k % len(QUEUES)]
                 msg = self.model.new_message(dest, persistent=True, size=ev.size)
-                receipt = client.send(dest, body_for(msg.msg_id, msg.size), self._headers(msg))
+                receipt = client.send(dest, body_for(msg.msg_id, msg.size), headers_for(msg))
                 try:
                     client.wait_receipts([receipt], "SEND on a full disk", timeout=5.0)
                 except (BrokerGone, SimFailure):
@@ -787,121 +640,15 @@ class Life:
     # -- sweeps ---------------------------------------------------------------------------------
 
     def _sweep(self, *, ack: bool, final: bool = False, check_deleted: bool = False) -> None:
-        """Read every queue, DLQ and durable subscription up to a sentinel sent after
-        subscribing (acknowledging what was read if `ack`) and check the model."""
         self._sweeps += 1
-        token = f"sweep{self._sweeps}"
-        sweep = Sweep()
-        subs: dict[str, tuple[str, str]] = {}
-        client = self._client("sim")
-        try:
-            for queue in QUEUES:
-                subs[queue] = ("queue", queue)
-                sweep.queues[queue] = []
-            for dlq in sorted({dlq_of(d) for d in QUEUES + TOPICS}):
-                subs[dlq] = ("dlq", dlq)
-                sweep.dlqs[dlq] = []
-            for sub_id, (_kind, name) in subs.items():
-                client.subscribe(name, sub_id, prefetch=SWEEP_PREFETCH)
-            topics = set()
-            for name, durable in self.model.durables.items():
-                if durable.exists:
-                    kind = "durable"
-                    sweep.durables[name] = []
-                elif check_deleted and durable.deleted:
-                    kind = "deleted"
-                    sweep.deleted_durables[name] = []
-                else:
-                    continue
-                subs[f"durable-{name}"] = (kind, name)
-                topics.add(durable.topic)
-                client.subscribe(
-                    durable.topic,
-                    f"durable-{name}",
-                    prefetch=SWEEP_PREFETCH,
-                    **{"activemq.subscriptionName": name},
-                )
-            sentinels = [
-                client.send(dest, token, {SENTINEL: token, "persistent": "true"})
-                for dest in [name for kind, name in subs.values() if kind in ("queue", "dlq")]
-                + sorted(topics)
-            ]
-            client.wait_receipts(sentinels, "sentinel SEND")
-            delivered = self._read_to_sentinels(client, subs, token, sweep, ack=ack)
-            for sub_id, (kind, name) in subs.items():
-                extra = {"activemq.subscriptionName": name} if kind == "deleted" else {}
-                client.call("UNSUBSCRIBE", id=sub_id, **extra)
-            for frame in client.take_buffered():
-                kind, name = subs[frame.headers["subscription"]]
-                if kind != "deleted":
-                    msg = self._take(client, frame, kind, name, ack_markers=False)
-                    if msg is not None:
-                        delivered.append((kind, name, msg))
-            if not ack:
-                for kind, name, msg in delivered:
-                    if kind == "queue":
-                        self.model.requeued(msg)
-                    elif kind == "durable":
-                        self.model.durable_requeued(name, msg.msg_id, 1)
-        finally:
-            client.close()
-        self.model.check_sweep(sweep, final=final)
-
-    def _read_to_sentinels(
-        self,
-        client: SimClient,
-        subs: dict[str, tuple[str, str]],
-        token: str,
-        sweep: Sweep,
-        *,
-        ack: bool,
-    ) -> list[tuple[str, str, SimMessage]]:
-        waiting = set(subs)
-        delivered: list[tuple[str, str, SimMessage]] = []
-        acks: list[tuple[str, str, str, SimMessage]] = []
-        while waiting:
-            try:
-                frame = client.message(SENTINEL_TIMEOUT_S)
-            except SimFailure:
-                got = {k: len(v) for k, v in {**sweep.queues, **sweep.durables}.items()}
-                raise SimFailure(
-                    "not-delivered",
-                    f"a sentinel published after subscribing did not reach {sorted(waiting)} "
-                    f"within {SENTINEL_TIMEOUT_S:.0f} s; delivered so far {got}",
-                ) from None
-            h = frame.headers
-            sub_id = h["subscription"]
-            kind, name = subs[sub_id]
-            if h.get(SENTINEL) == token:
-                waiting.discard(sub_id)
-            if kind == "deleted":
-                if SENTINEL not in h and STREAM_ABORT not in h:
-                    sweep.deleted_durables[name].append(int(h.get(SIM_ID, "-1")))
-                client.frame("ACK", id=frame.headers["ack"])
-                continue
-            msg = self._take(client, frame, kind, name)
-            if msg is None:
-                continue
-            redelivered = h.get("redelivered") == "true"
-            if kind == "queue":
-                sweep.queues[name].append((msg.msg_id, redelivered))
-            elif kind == "durable":
-                sweep.durables[name].append((msg.msg_id, redelivered))
-            else:
-                sweep.dlqs[name].append(msg.msg_id)
-            if ack:
-                acks.append((client.frame("ACK", id=frame.headers["ack"]), kind, name, msg))
-            else:
-                delivered.append((kind, name, msg))
-        client.wait_receipts([a[0] for a in acks], "ACK")
-        for _, kind, name, msg in acks:
-            if kind == "queue":
-                self.model.acked(msg)
-            elif kind == "durable":
-                self.model.durable_acked(name, msg.msg_id)
-            else:
-                self.model.dlq_acked(msg)
-        return delivered
+        sweep(
+            self.model,
+            self.broker.port,
+            f"sweep{self._sweeps}",
+            ack=ack,
+            final=final,
+            check_deleted=check_deleted,
+        )
 
     def _journal_bytes(self) -> int:
         return sum(p.stat().st_size for p in (self.data_dir / "journal").iterdir() if p.is_file())
@@ -919,137 +666,5 @@ class Life:
             )
 
 
-def _bg_size(rng: random.Random) -> int:
-    return rng.choice([100, 1000, 4000, 16000])
-
-
 def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
-
-
-# -- running, shrinking, reporting ------------------------------------------------------------
-
-
-def run_life(
-    seed: int,
-    workdir: Path,
-    *,
-    settings: Settings | None = None,
-    events: list[Event] | None = None,
-    tamper: Tamper | None = None,
-) -> LifeStats:
-    """Run one life (the seed's own events unless `events` is given); raises `SimFailure`."""
-    drawn_settings, drawn_events = generate(seed)
-    life = Life(
-        seed,
-        settings or drawn_settings,
-        drawn_events if events is None else events,
-        workdir,
-        tamper=tamper,
-    )
-    return life.run()
-
-
-def _workdirs(root: Path, prefix: str) -> Iterator[Path]:
-    n = 0
-    while True:
-        n += 1
-        path = root / f"{prefix}-{n}"
-        yield path
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def ddmin(
-    events: list[Event], fails: Callable[[list[Event]], bool], deadline: float
-) -> tuple[list[Event], int]:
-    """Delta debugging: drop chunks of events, halving the chunks when none can go, while
-    `fails` still holds; stops at `deadline` (monotonic). Returns the smallest failing list
-    found and the number of candidates tried."""
-    current = list(events)
-    tries = 0
-    chunks = 2
-    while current and time.monotonic() < deadline:
-        size = max(1, -(-len(current) // chunks))
-        for start in range(0, len(current), size):
-            if time.monotonic() >= deadline:
-                break
-            candidate = current[:start] + current[start + size :]
-            tries += 1
-            if fails(candidate):
-                current = candidate
-                chunks = max(chunks - 1, 2)
-                break
-        else:
-            if size == 1:
-                break
-            chunks = min(len(current), chunks * 2)
-    return current, tries
-
-
-def shrink(
-    seed: int,
-    settings: Settings,
-    events: list[Event],
-    check: str,
-    root: Path,
-    budget_s: float,
-    *,
-    tamper: Tamper | None = None,
-) -> tuple[list[Event], int]:
-    """The smallest sub-list of a failed life's events that still fails the same `check`,
-    found within `budget_s`, and the number of lives tried."""
-    workdirs = _workdirs(root, f"shrink-{seed}")
-
-    def fails(candidate: list[Event]) -> bool:
-        try:
-            run_life(seed, next(workdirs), settings=settings, events=candidate, tamper=tamper)
-        except SimFailure as failure:
-            return failure.check == check
-        return False
-
-    return ddmin(events, fails, time.monotonic() + budget_s)
-
-
-def report(
-    seed: int,
-    settings: Settings,
-    failure: SimFailure,
-    events: list[Event],
-    shrunk: list[Event],
-    tries: int,
-) -> str:
-    """The message of a failed life: seed, check, shrunk events."""
-    notes = "\n".join(getattr(failure, "__notes__", []))
-    lines = [
-        f"lifecycle simulation failed: seed {seed}",
-        f"replay: pytest tests/lifecycle/test_process_lifecycle.py --seed {seed}",
-        f"check: {failure.check}",
-        f"{failure.detail}",
-        notes,
-        f"settings: {settings!r}",
-        f"shrunk to {len(shrunk)} of {len(events)} events ({tries} lives tried):",
-        *[f"    {event!r}," for event in shrunk],
-    ]
-    return "\n".join(line for line in lines if line)
-
-
-def check_life(
-    seed: int,
-    root: Path,
-    *,
-    shrink_budget_s: float = 120.0,
-    tamper: Tamper | None = None,
-    events: list[Event] | None = None,
-) -> LifeStats:
-    """Run life `seed`; on failure shrink it and raise an `AssertionError` with the report."""
-    settings, drawn = generate(seed)
-    events = drawn if events is None else events
-    try:
-        return run_life(
-            seed, root / f"life-{seed}", settings=settings, events=events, tamper=tamper
-        )
-    except SimFailure as failure:
-        shrunk, tries = shrink(
-            seed, settings, events, failure.check, root, shrink_budget_s, tamper=tamper
-        )
-        raise AssertionError(report(seed, settings, failure, events, shrunk, tries)) from None
