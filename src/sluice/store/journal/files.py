@@ -260,7 +260,7 @@ class Preallocator:
         os.rename(self._spare(file_no), target)
         return True
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the helper (a file being written is given up) and delete an unused spare."""
         with self._cond:
             self._stopping = True
