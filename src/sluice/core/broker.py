@@ -43,7 +43,8 @@ ORIGINAL_DESTINATION = "x-original-destination"
 EXPIRY_SWEEP_INTERVAL_S = 5.0
 # The sweep runs at least twice per shortest stream_idle_timeout_s, but not more often than this.
 MIN_SWEEP_INTERVAL_S = 0.1
-DISK_CHECK_INTERVAL_S = 1.0
+# Disk use is measured this often (a statvfs and the store's counters), and estimated between.
+DISK_CHECK_INTERVAL_S = 0.25
 DLQ_REASON = "x-dlq-reason"
 
 
