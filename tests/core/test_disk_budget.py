@@ -24,6 +24,7 @@ def _budget(limit_bytes: int = 0) -> tuple[DiskBudget, collections.Counter[str]]
     budget = DiskBudget(
         "the store",
         "persistent producers",
+        counter="store",
         limit_name="store.max_bytes",
         limit_bytes=limit_bytes,
         reserve_bytes=RESERVE,

@@ -235,13 +235,17 @@ PRODUCERS: dict[str, Callable[..., Produced]] = {
 # -- consumers ------------------------------------------------------------------------------------
 
 
-def drain(port: int, *, idle_s: float = 3.0, dest: str = QUEUE) -> list[int]:
-    """Consume and acknowledge (receipted) everything on the queue; indexes in arrival order."""
+def drain(
+    port: int, *, idle_s: float = 3.0, expect: int | None = None, dest: str = QUEUE
+) -> list[int]:
+    """Consume and acknowledge (receipted) everything on the queue, until nothing comes for
+    `idle_s` (for half a second once `expect` messages came); indexes in arrival order."""
     seen: list[int] = []
     with BlockingClient(f"127.0.0.1:{port}", receipt_timeout_s=30) as client:
         sub = client.subscribe(dest, ack="client-individual", prefetch=64)
         while True:
-            message = sub.receive(timeout=idle_s)
+            wait = idle_s if expect is None or len(seen) < expect else min(idle_s, 0.5)
+            message = sub.receive(timeout=wait)
             if message is None:
                 return seen
             seen.append(index_of(message.body))

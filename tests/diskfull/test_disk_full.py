@@ -11,6 +11,7 @@ small says so in one line. In every case each receipted message is delivered exa
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -78,7 +79,7 @@ def test_the_reported_wedge_a_full_200mib_tmpfs(
     broker = start_broker(tmp_path / "first", data)
     produce = PRODUCERS[client]
     # More than the disk holds: the producer must be held back, not wedged and not failed.
-    produced = produce(broker.port, 200 * MiB // BODY_BYTES, stall_s=5.0)
+    produced = produce(broker.port, 200 * MiB // BODY_BYTES, stall_s=2.0)
     assert produced.error is None, produced.error
     assert produced.stalled_at is not None, "the disk never filled"
     assert len(produced.receipted) * BODY_BYTES > 64 * MiB
@@ -95,7 +96,7 @@ def test_the_reported_wedge_a_full_200mib_tmpfs(
     # The full disk starts again (it needs nothing new), and every receipted message is there.
     again = start_broker(tmp_path / "second", data)
     try:
-        seen = drain(again.port)
+        seen = drain(again.port, expect=len(produced.receipted))
     finally:
         assert stop_within(again, STOP_LIMIT_S)[0] == 0
     _check_exactly_once(seen, produced, maybe={produced.stalled_at})
@@ -117,10 +118,10 @@ def test_block_pauses_the_producer_until_consumers_free_the_disk(
         assert producer.is_alive()
         # The consumer drains; its acks are recorded, collection frees files, the producer
         # resumes by itself and finishes.
-        seen = drain(broker.port, idle_s=10.0)
+        seen = drain(broker.port, idle_s=10.0, expect=total)
         producer.join(120)
         assert not producer.is_alive()
-        seen += drain(broker.port, idle_s=2.0)
+        seen += drain(broker.port, idle_s=0.5)
     finally:
         producer.join(1)
         code, _ = stop_within(broker, STOP_LIMIT_S)
@@ -134,6 +135,10 @@ def test_block_pauses_the_producer_until_consumers_free_the_disk(
     assert log.count("the store is full") >= 1
     assert "the store has room again" in log
     assert "journal gc: deleted" in log
+    summary = (
+        r"disk while running: 1 episodes of a full store \(\d+ of the temp store\), 1 producer"
+    )
+    assert re.search(summary, log)
 
 
 @pytest.mark.parametrize("client", sorted(PRODUCERS))
@@ -148,7 +153,7 @@ def test_error_names_the_limit_and_keeps_what_was_receipted(
         assert produced.error is not None
         assert "limit store.reserve_bytes=8388608 exceeded" in produced.error
         assert "the store is full" in produced.error
-        seen = drain(broker.port)
+        seen = drain(broker.port, expect=len(produced.receipted))
         # Refused means not stored: nothing beyond what was receipted.
         _check_exactly_once(seen, produced, maybe=set())
         # Once collection has freed the drained files, sends are taken again.
@@ -156,7 +161,7 @@ def test_error_names_the_limit_and_keeps_what_was_receipted(
         later = PRODUCERS[client](broker.port, 20, stall_s=20.0, start=100_000)
         assert later.error is None
         assert len(later.receipted) == 20
-        assert sorted(drain(broker.port)) == later.receipted
+        assert sorted(drain(broker.port, expect=20)) == later.receipted
     finally:
         assert stop_within(broker, STOP_LIMIT_S)[0] == 0
 
@@ -168,7 +173,7 @@ def test_sigterm_stops_a_broker_on_a_disk_with_no_byte_free(
     mount = small_fs(64, kind)
     data = mount / "data"
     broker = start_broker(tmp_path / "first", data, SMALL_FILES)
-    produced = produce_sluice(broker.port, 100 * MiB // BODY_BYTES, stall_s=5.0)
+    produced = produce_sluice(broker.port, 100 * MiB // BODY_BYTES, stall_s=2.0)
     assert produced.stalled_at is not None
     # Something else takes every byte left, so the store's reserve is gone too; a consumer
     # acknowledges into what is left of the head file.
@@ -176,7 +181,7 @@ def test_sigterm_stops_a_broker_on_a_disk_with_no_byte_free(
     assert free_bytes(mount) < MiB
     consumer = threading.Thread(target=drain, args=(broker.port,), kwargs={"idle_s": 1.0})
     consumer.start()
-    time.sleep(1.5)  # let the broker meet the disk with nothing free: a measure, acks, a GC
+    time.sleep(1.0)  # let the broker meet the disk with nothing free: measures, acks, a GC
     code, took = stop_within(broker, STOP_LIMIT_S)
     consumer.join(30)
     assert code == 0, broker.log_text[-3000:]
@@ -187,7 +192,7 @@ def test_sigterm_stops_a_broker_on_a_disk_with_no_byte_free(
     filler.unlink()
     again = start_broker(tmp_path / "second", data, SMALL_FILES)
     try:
-        left = drain(again.port)
+        left = drain(again.port, idle_s=1.0)
     finally:
         assert stop_within(again, STOP_LIMIT_S)[0] == 0
     assert len(left) == len(set(left))
@@ -221,7 +226,7 @@ def test_space_freed_by_someone_else_resumes_the_producer(
         producer.join(60)
         assert not producer.is_alive()
         wait_for_log(broker, "the store has room again")
-        seen = drain(broker.port)
+        seen = drain(broker.port, expect=220)
     finally:
         assert stop_within(broker, STOP_LIMIT_S)[0] == 0
     (later,) = results

@@ -122,6 +122,7 @@ class Broker:
         self.store_disk = DiskBudget(
             "the store",
             "persistent producers",
+            counter="store",
             limit_name="store.max_bytes",
             limit_bytes=store_cfg.max_bytes,
             reserve_bytes=store_cfg.disk_reserve_bytes,
@@ -132,6 +133,7 @@ class Broker:
         self.temp_disk = DiskBudget(
             "the temp store",
             "non-persistent producers",
+            counter="temp",
             limit_name="limits.temp_limit_bytes",
             limit_bytes=self.limits.temp_limit_bytes,
             reserve_bytes=store_cfg.disk_reserve_bytes,

@@ -40,6 +40,7 @@ class DiskBudget:
         what: str,
         producers: str,
         *,
+        counter: str,
         limit_name: str,
         limit_bytes: int,
         reserve_bytes: int,
@@ -50,6 +51,8 @@ class DiskBudget:
         self.what = what
         # Whose sends meet the policy: "persistent producers", "non-persistent producers".
         self.producers = producers
+        # Names its counters: `<counter>_full_episodes`, `sends_refused_<counter>_full`.
+        self.counter = counter
         self.limit_name = limit_name
         self.limit_bytes = limit_bytes
         self.reserve_bytes = reserve_bytes
@@ -127,7 +130,7 @@ class DiskBudget:
     def refusal(self) -> StoreFullError:
         """The ERROR for a send refused in this episode (counted), naming the limit."""
         self._refused += 1
-        self._count("sends_refused_store_full", 1)
+        self._count(f"sends_refused_{self.counter}_full", 1)
         name, value = self._bound
         if name == "store.reserve_bytes":
             detail = f"{self.what} is full: its disk has {_mib(max(self.free_bytes, 0))} free"
@@ -154,7 +157,7 @@ class DiskBudget:
         self.episodes += 1
         self._episode_started = now
         self._paused = self._refused = 0
-        self._count("store_full_episodes", 1)
+        self._count(f"{self.counter}_full_episodes", 1)
         action = "paused" if self.policy is StoreFullPolicy.BLOCK else "refused with an ERROR"
         log.warning(
             "%s is full: %s; %s are %s until there is room",

@@ -141,4 +141,16 @@ class BrokerServer:
         # Let the transports flush what they hold and run connection_lost.
         await asyncio.sleep(0)
         self.broker.close()
+        stats = self.broker.snapshot()
+        names = ("store_full_episodes", "temp_full_episodes", "store_no_space_errors")
+        if any(stats.get(name) for name in names):
+            log.info(
+                "disk while running: %d episodes of a full store (%d of the temp store), %d "
+                "producer pauses, %d sends refused, %d writes refused for lack of space",
+                stats.get("store_full_episodes", 0),
+                stats.get("temp_full_episodes", 0),
+                stats.get("flow_paused_disk", 0),
+                stats.get("sends_refused_store_full", 0) + stats.get("sends_refused_temp_full", 0),
+                stats.get("store_no_space_errors", 0),
+            )
         log.info("sluice stopped")
