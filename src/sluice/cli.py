@@ -175,6 +175,12 @@ def _run_broker(args: argparse.Namespace) -> int:
 
         server = BrokerServer(cfg)
         await server.start()
+        # Until here a signal ends the process at once (a start is recovery: nothing to lose);
+        # from the line that says the broker listens, it stops the broker cleanly.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         print(
             f"sluice {__version__} listening on {cfg.stomp.host}:{server.port} "
             f"(store: {cfg.store.kind.value}"
@@ -183,10 +189,6 @@ def _run_broker(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         # Whatever the disk does, the broker is gone within SHUTDOWN_TIMEOUT_S: past it, it
         # exits as after a crash (the next start replays the journal from its last checkpoint).

@@ -111,7 +111,16 @@ class BrokerConnection:
                 f"persistent messages are refused: the message store failed{cause}; "
                 "see the broker log"
             )
-        if broker.disk_full(persistent=persistent):
+        if persistent:
+            full = broker.disk_full(persistent=True)
+        else:
+            # Only a queue over its memory spools to the temp store's disk.
+            full = (
+                destination.kind is DestinationKind.QUEUE
+                and destination.usage.full
+                and broker.disk_full(persistent=False)
+            )
+        if full:
             # At the limit: this message is taken (there is a reserve for it) and the producer
             # waits; or, with store_full = "error", it is refused with the limit named.
             if broker.config.store.store_full is StoreFullPolicy.ERROR:

@@ -187,15 +187,23 @@ class Preallocator:
     With `ahead` a helper thread makes the next file as soon as the writer names it (`prepare`),
     so rollover is a rename. `ensure` makes the file on the caller's thread when the helper has
     not (or with `ahead=False`, always: the temp store does not hold a spare file on the disk).
+    Files are synced once complete unless not `durable` (the temp store).
 
     A file that cannot be made is deleted, and its error kept in `error` until a file is made
     again: the store reports it (`StoreStats.no_space`). The helper tries again after
     `PREPARE_RETRY_S`, not before; every wait here ends when the store closes."""
 
     def __init__(
-        self, journal_dir: Path, store_id: bytes, file_bytes: int, *, ahead: bool = True
+        self,
+        journal_dir: Path,
+        store_id: bytes,
+        file_bytes: int,
+        *,
+        ahead: bool = True,
+        durable: bool = True,
     ) -> None:
         self._dir = journal_dir
+        self._durable = durable
         self._store_id = store_id
         self._file_bytes = file_bytes
         self._cond = threading.Condition()
@@ -289,6 +297,7 @@ class Preallocator:
                 file_no,
                 self._store_id,
                 self._file_bytes,
+                sync=self._durable,
                 cancelled=lambda: self._stopping,
             )
         except Cancelled:

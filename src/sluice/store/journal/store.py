@@ -122,6 +122,7 @@ class JournalStore:
             recovered.store_id,
             self.config.journal_file_bytes,
             ahead=not self.temporary,
+            durable=not self.temporary,
         )
         head.attach(self._prealloc, sync_on_rollover=not self.temporary)
         files = list_files(self.journal_dir)
