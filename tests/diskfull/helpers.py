@@ -33,7 +33,10 @@ QUEUE = "/queue/disk"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    except OSError as exc:  # no such program
+        return subprocess.CompletedProcess(args, 127, "", str(exc))
 
 
 def _mount(stack: ExitStack, size_mib: int, kind: str) -> Path:
