@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from sluice.core.message import AckMode, Message
+from sluice.core.message import AckMode, DestinationKind, Message
 
 _JMS_IDENTIFIERS: dict[str, Callable[[Message], object]] = {
     "JMSMessageID": lambda m: m.message_id,
@@ -44,8 +44,42 @@ def message_lookup(message: Message) -> Callable[[str], object | None]:
 
 
 if TYPE_CHECKING:
-    from sluice.core.destination import Destination
     from sluice.core.selector import Selector
+    from sluice.store.api import WriteHandle
+
+
+class Source(Protocol):
+    """What a subscription's destination answers to (a queue or a topic, `Destination`): the
+    subscription's holders settle, requeue and leave through it. Declared here so that
+    subscriptions need not import destinations, which hold subscriptions."""
+
+    name: str
+    kind: DestinationKind
+
+    def settle(
+        self,
+        sub: Subscription,
+        message: Message,
+        *,
+        store_removed: bool = False,
+        on_removed: Callable[[WriteHandle | None], None] | None = None,
+    ) -> None:
+        """A delivered message was acknowledged."""
+        ...
+
+    def requeue(
+        self, sub: Subscription, deliveries: list[tuple[int, Message]], *, redelivered: bool
+    ) -> None:
+        """Delivered messages (tag, message) come back, in delivery order."""
+        ...
+
+    def remove_subscription(self, sub: Subscription) -> None:
+        """A consumer left; its in-flight messages were requeued first."""
+        ...
+
+    def wakeup(self) -> None:
+        """Something changed that may let messages move: dispatch soon."""
+        ...
 
 
 class Link(Protocol):
@@ -134,7 +168,7 @@ class Subscription:
         self,
         link: Link,
         sub_id: str,
-        destination: Destination,
+        destination: Source,
         ack_mode: AckMode,
         prefetch: int,
         prefetch_bytes: int = 0,

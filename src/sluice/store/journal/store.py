@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from sluice.config import StoreConfig, SyncPolicy
+from sluice.config import DEFAULT_DEDUP_WINDOW, StoreConfig, SyncPolicy
 from sluice.errors import CorruptionError, DiskFullError, StoreError
 from sluice.store.api import (
     CompletionSink,
@@ -55,7 +55,6 @@ from sluice.store.journal.writer import RequestKind, Writer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DEDUP_WINDOW = 10_000
 
 # What load() picked: committed location, or the record bytes of a not yet written add.
 _Source = tuple[int, int, int] | list[bytes]
