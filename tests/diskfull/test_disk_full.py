@@ -135,10 +135,11 @@ def test_block_pauses_the_producer_until_consumers_free_the_disk(
     assert log.count("the store is full") >= 1
     assert "the store has room again" in log
     assert "journal gc: deleted" in log
+    # The producer may fill the disk again before the consumer is done: an episode or more.
     summary = (
-        r"disk while running: 1 episodes of a full store \(\d+ of the temp store\), 1 producer"
+        r"disk while running: [1-9]\d* episodes of a full store \(\d+ of the temp store\), [1-9]"
     )
-    assert re.search(summary, log)
+    assert re.search(summary, log), log[-2000:]
 
 
 @pytest.mark.parametrize("client", sorted(PRODUCERS))
