@@ -38,6 +38,7 @@ class Settings:
     max_redeliveries: int = 3
     verify_journal: str = "full"
     small_disk: bool = False
+    store_full: str = "block"  # block | error: what a producer meets on a full disk
 
     def config_toml(self, data_dir: Path) -> str:
         """The broker's TOML file for this life."""
@@ -57,6 +58,7 @@ class Settings:
                 f"concurrent_store_and_dispatch_queues = {str(self.csd_queues).lower()}",
                 f"concurrent_store_and_dispatch_topics = {str(self.csd_topics).lower()}",
                 f'verify_journal = "{self.verify_journal}"',
+                f'store_full = "{self.store_full}"',
                 "lmdb_map_bytes = 1073741824",
                 "[policy]",
                 f"max_redeliveries = {self.max_redeliveries}",
@@ -185,13 +187,17 @@ class Stop:
 
 @dataclass(frozen=True)
 class DiskFull:
-    """Fill the disk (a tmpfs) to `leave_bytes` free, send `sends` persistent messages of `size`
-    bytes, free the disk, stop and restart (a no-op where no tmpfs can be mounted)."""
+    """Fill the disk (a tmpfs) to `leave_bytes` free; send persistent messages of `size` bytes
+    one by one until one is refused or held back (at most `sends`); ACK up to `acks` messages
+    (they must go through: the reserve is for them); free the disk: a held-back producer must
+    go on by itself and a new SEND must be receipted, without a restart; then `restart` if
+    given. A no-op where no tmpfs can be mounted."""
 
     leave_bytes: int
     sends: int
     size: int
-    restart: Restart = Restart()
+    acks: int = 0
+    restart: Restart | None = None
 
 
 Event = (
@@ -297,7 +303,11 @@ def _event(rng: random.Random, settings: Settings) -> Event:
     if kind == "stop":
         return Stop(_restart(rng))
     return DiskFull(
-        rng.choice([0, 64 * KiB, 512 * KiB]), rng.randint(40, 100), 32 * KiB, _restart(rng)
+        leave_bytes=rng.choice([0, 256 * KiB, 1 * MiB]),
+        sends=rng.randint(20, 100),
+        size=rng.choice([4 * KiB, 32 * KiB]),
+        acks=rng.choice([0, 5, 20]),
+        restart=_restart(rng) if rng.random() < 0.4 else None,
     )
 
 
@@ -316,6 +326,7 @@ def generate(seed: int, events: int | None = None) -> tuple[Settings, list[Event
         max_redeliveries=rng.choice([2, 3, 6]),
         verify_journal=rng.choice(["full", "after_checkpoint"]),
         small_disk=rng.random() < 0.3,
+        store_full=rng.choice(["block", "error"]),
     )
     count = events if events is not None else rng.randint(15, 35)
     return settings, [_event(rng, settings) for _ in range(count)]

@@ -8,12 +8,14 @@ Nothing here knows the model; `process_sim` joins the two.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -379,3 +381,13 @@ class SmallDisk:
         """Remove the ballast."""
         with contextlib.suppress(FileNotFoundError):
             self.ballast.unlink()
+
+
+@functools.cache
+def small_disk_available() -> bool:
+    """Can this machine mount a tmpfs for `SmallDisk` (root, Linux, `mount`)?"""
+    with (
+        tempfile.TemporaryDirectory(prefix="sluice-probe-") as probe,
+        SmallDisk(Path(probe) / "disk", 1024 * 1024) as disk,
+    ):
+        return disk.available

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,12 @@ from lifecycle.process_model import (
 from lifecycle.process_sweep import body_for, headers_for, sweep, take
 from waiting import wait_until
 
+# A SEND on a full disk is refused or held back at once; one held this long is held.
+FULL_WAIT_S = 3.0
+# Room is measured every 0.25 s; once the disk has room a held producer goes on within this.
+RECOVERY_TIMEOUT_S = 15.0
+RETRY_S = 0.25
+FULL_LOG_LINE = "the store is full"
 # After the final drain and GC the journal directory must come back under this many bytes: the
 # head file, the spare made ready for rollover, and one older file still pinned by small records.
 DISK_BOUND_BYTES = 4 * JOURNAL_FILE_BYTES
@@ -197,7 +204,8 @@ class Life:
         logs = "".join(self.broker.logs)
         if "Traceback" in logs:
             at = logs.index("Traceback")
-            raise SimFailure("broker-traceback", logs[max(0, at - 600) : at + 2500])
+            begin = logs.rfind("\n", 0, max(0, at - 300)) + 1  # from a whole line
+            raise SimFailure("broker-traceback", logs[begin : at + 2500])
 
     def _count_logs(self) -> None:
         logs = "".join(self.broker.logs) + self.broker.log_text()
@@ -564,9 +572,42 @@ class Life:
         if not (self.settings.small_disk and self.disk.available):
             return
         self.stats.disk_fulls += 1
+        episodes = self.broker.log_text().count(FULL_LOG_LINE)
         self.disk.fill(ev.leave_bytes)
-        client: SimClient | None = None
+        # Sends before the broker's next measure meet the disk itself (refused whatever the
+        # policy); after it, the policy (held or refused). Both happen: give the measure a chance.
+        _poll(lambda: self.broker.log_text().count(FULL_LOG_LINE) > episodes, 2.0)
+        held: tuple[SimClient, str, SimMessage] | None = None
+        try:
+            held = self._send_until_full(ev)
+            self._acks_on_full_disk(ev)
+        finally:
+            self.disk.free()
+        # Room is back: a held producer goes on by itself, and new sends are taken.
+        if held is not None:
+            client, receipt, msg = held
+            try:
+                client.wait_receipts([receipt], "SEND held on a full disk", RECOVERY_TIMEOUT_S)
+            except (BrokerGone, SimFailure) as exc:
+                raise self._full_disk_failure(
+                    f"a producer held back on a full disk was not let go once the disk had "
+                    f"room again: {exc}"
+                ) from None
+            finally:
+                client.close()
+            self.model.visible(msg, receipted=True)
+        self._send_after_disk_full()
+        if ev.restart is not None:
+            self.broker.stop()
+            self.stats.clean_stops += 1
+            self._verify(after_crash=False)
+            self._restart(ev.restart, crashed=False, verified=True)
+
+    def _send_until_full(self, ev: DiskFull) -> tuple[SimClient, str, SimMessage] | None:
+        """Send one by one until a SEND is refused (`error`) or held back (`block`); returns the
+        held SEND's client and receipt, if one is held."""
         refused = 0
+        client: SimClient | None = None
         try:
             for k in range(ev.sends):
                 if client is None:
@@ -575,28 +616,93 @@ class Life:
                 msg = self.model.new_message(dest, persistent=True, size=ev.size)
                 receipt = client.send(dest, body_for(msg.msg_id, msg.size), headers_for(msg))
                 try:
-                    client.wait_receipts([receipt], "SEND on a full disk", timeout=5.0)
-                except (BrokerGone, SimFailure):
-                    # Refused (ERROR) or held back (flow control): it may or may not be stored.
-                    self.model.unanswered(msg)
+                    client.wait_receipts([receipt], "SEND on a full disk", FULL_WAIT_S)
+                except BrokerGone:
+                    if "full" in client.error_text():
+                        self.model.forbid(msg, "refused")  # not stored: the disk was full
+                    else:
+                        self.model.unanswered(msg)
                     client.abandon()
                     client = None
                     refused += 1
                     if refused >= 2:
-                        break
+                        return None
                     continue
+                except SimFailure:
+                    held, client = (client, receipt, msg), None
+                    return held
                 self.model.visible(msg, receipted=True)
-        except BrokerGone:
-            pass
         finally:
             if client is not None:
-                client.abandon()
-            self.disk.free()
-        self.broker.stop()
-        self.stats.clean_stops += 1
-        # A write the full disk cut short may leave a torn tail, as a crash does.
-        self._verify(after_crash=True)
-        self._restart(ev.restart, crashed=False, verified=True)
+                client.close()
+        return None
+
+    def _acks_on_full_disk(self, ev: DiskFull) -> None:
+        """Consumers go on while the disk is full: their ACKs are written into the reserve."""
+        queue = QUEUES[0]
+        wanted = min(ev.acks, self.model.surely_available(queue))
+        if wanted == 0:
+            return
+        client = self._client()
+        try:
+            client.subscribe(queue, "full", prefetch=wanted)
+            acks: list[tuple[str, SimMessage]] = []
+            while len(acks) < wanted:
+                frame = client.message()
+                msg = take(self.model, client, frame, "queue", queue)
+                if msg is not None:
+                    acks.append((client.frame("ACK", id=frame.headers["ack"]), msg))
+            try:
+                client.wait_receipts([r for r, _ in acks], "ACK on a full disk")
+            except SimFailure as exc:
+                raise SimFailure("disk-full-acks", f"ACKs stuck on a full disk: {exc}") from None
+            for _, msg in acks:
+                self.model.acked(msg)
+            client.call("UNSUBSCRIBE", id="full")
+            for frame in client.take_buffered():
+                extra = take(self.model, client, frame, "queue", queue, ack_markers=False)
+                if extra is not None:
+                    self.model.requeued(extra)
+        finally:
+            client.close()
+
+    def _full_disk_failure(self, what: str) -> SimFailure:
+        """A full disk is not a failed store: once it has room again, sends are taken."""
+        text = what + self.broker.log_text()
+        failed = "store failed" in text or "store write failed" in text
+        return SimFailure(
+            "disk-full-failed-store" if failed else "disk-full-no-recovery",
+            f"{what}\nbroker log:\n{_tail(self.broker.log_text())}",
+        )
+
+    def _send_after_disk_full(self) -> None:
+        """Once the disk has room again a persistent SEND is taken. Room is measured every
+        0.25 s, so a SEND right after the disk was freed may still be refused as full: like a
+        client in `error` mode, try again a little later, within a deadline."""
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        pause = threading.Event()
+        while True:
+            client = self._client()
+            msg = self.model.new_message(QUEUES[1], persistent=True, size=100)
+            try:
+                receipt = client.send(QUEUES[1], body_for(msg.msg_id, msg.size), headers_for(msg))
+                client.wait_receipts([receipt], "SEND after the disk had room", FULL_WAIT_S)
+            except (BrokerGone, SimFailure) as exc:
+                refused = "full" in client.error_text()
+                if refused:
+                    self.model.forbid(msg, "refused")
+                else:
+                    self.model.unanswered(msg)
+                if not refused or time.monotonic() >= deadline:
+                    raise self._full_disk_failure(
+                        f"a persistent SEND after the disk had room again was not taken: {exc}"
+                    ) from None
+                pause.wait(RETRY_S)
+                continue
+            finally:
+                client.close()
+            self.model.visible(msg, receipted=True)
+            return
 
     def _verify(self, *, after_crash: bool) -> None:
         result = self.broker.tool("verify", self.data_dir)
