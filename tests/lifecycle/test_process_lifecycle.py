@@ -37,7 +37,7 @@ from lifecycle.process_run import check_life, ddmin, run_life
 # The default run: together about a minute. They cover crashes under load, mid-commit and
 # mid-stop kills, offline tools between runs, --repair, durable subscriptions, dedup resends,
 # large transactions across rollover, and GC with compaction.
-DEFAULT_SEEDS = [1, 5, 14, 26, 33]
+DEFAULT_SEEDS = [1, 5, 7, 12, 14, 26, 33]
 
 
 @dataclass(frozen=True)
