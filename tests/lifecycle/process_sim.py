@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,8 +64,9 @@ from waiting import wait_until
 FULL_WAIT_S = 3.0
 # Room is measured every 0.25 s; once the disk has room a held producer goes on within this.
 RECOVERY_TIMEOUT_S = 15.0
-RETRY_S = 0.25
+# The broker logs the start and the end of every episode of a full store.
 FULL_LOG_LINE = "the store is full"
+ROOM_LOG_LINE = "the store has room again"
 # After the final drain and GC the journal directory must come back under this many bytes: the
 # head file, the spare made ready for rollover, and one older file still pinned by small records.
 DISK_BOUND_BYTES = 4 * JOURNAL_FILE_BYTES
@@ -572,18 +572,24 @@ class Life:
         if not (self.settings.small_disk and self.disk.available):
             return
         self.stats.disk_fulls += 1
-        episodes = self.broker.log_text().count(FULL_LOG_LINE)
+        episodes, rooms = self._log_count(FULL_LOG_LINE), self._log_count(ROOM_LOG_LINE)
         self.disk.fill(ev.leave_bytes)
         # Sends before the broker's next measure meet the disk itself (refused whatever the
         # policy); after it, the policy (held or refused). Both happen: give the measure a chance.
-        _poll(lambda: self.broker.log_text().count(FULL_LOG_LINE) > episodes, 2.0)
+        _poll(lambda: self._log_count(FULL_LOG_LINE) > episodes, 2.0)
         held: tuple[SimClient, str, SimMessage] | None = None
         try:
             held = self._send_until_full(ev)
             self._acks_on_full_disk(ev)
         finally:
             self.disk.free()
-        # Room is back: a held producer goes on by itself, and new sends are taken.
+        # Room is back: the episode ends, a held producer goes on by itself, new sends are taken.
+        if self._log_count(FULL_LOG_LINE) > episodes and not _poll(
+            lambda: self._log_count(ROOM_LOG_LINE) > rooms, RECOVERY_TIMEOUT_S
+        ):
+            raise self._full_disk_failure(
+                f"the broker did not see the room that came back within {RECOVERY_TIMEOUT_S} s"
+            )
         if held is not None:
             client, receipt, msg = held
             try:
@@ -676,33 +682,26 @@ class Life:
         )
 
     def _send_after_disk_full(self) -> None:
-        """Once the disk has room again a persistent SEND is taken. Room is measured every
-        0.25 s, so a SEND right after the disk was freed may still be refused as full: like a
-        client in `error` mode, try again a little later, within a deadline."""
-        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-        pause = threading.Event()
-        while True:
-            client = self._client()
+        client = self._client()
+        try:
             msg = self.model.new_message(QUEUES[1], persistent=True, size=100)
+            receipt = client.send(QUEUES[1], body_for(msg.msg_id, msg.size), headers_for(msg))
             try:
-                receipt = client.send(QUEUES[1], body_for(msg.msg_id, msg.size), headers_for(msg))
-                client.wait_receipts([receipt], "SEND after the disk had room", FULL_WAIT_S)
+                client.wait_receipts([receipt], "SEND after the disk had room", RECOVERY_TIMEOUT_S)
             except (BrokerGone, SimFailure) as exc:
-                refused = "full" in client.error_text()
-                if refused:
+                if "full" in client.error_text():
                     self.model.forbid(msg, "refused")
                 else:
                     self.model.unanswered(msg)
-                if not refused or time.monotonic() >= deadline:
-                    raise self._full_disk_failure(
-                        f"a persistent SEND after the disk had room again was not taken: {exc}"
-                    ) from None
-                pause.wait(RETRY_S)
-                continue
-            finally:
-                client.close()
+                raise self._full_disk_failure(
+                    f"a persistent SEND after the disk had room again was not taken: {exc}"
+                ) from None
             self.model.visible(msg, receipted=True)
-            return
+        finally:
+            client.close()
+
+    def _log_count(self, line: str) -> int:
+        return self.broker.log_text().count(line)
 
     def _verify(self, *, after_crash: bool) -> None:
         result = self.broker.tool("verify", self.data_dir)
