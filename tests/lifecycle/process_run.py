@@ -107,7 +107,7 @@ def report(
     notes = "\n".join(getattr(failure, "__notes__", []))
     lines = [
         f"lifecycle simulation failed: seed {seed}",
-        f"replay: pytest tests/lifecycle/test_process_lifecycle.py --seed {seed}",
+        f"replay: pytest tests/lifecycle/test_process_lifecycle.py -k test_life --seed {seed}",
         f"check: {failure.check}",
         f"{failure.detail}",
         notes,
