@@ -112,7 +112,9 @@ def report(
         f"{failure.detail}",
         notes,
         f"settings: {settings!r}",
-        f"shrunk to {len(shrunk)} of {len(events)} events ({tries} lives tried):",
+        f"shrunk to {len(shrunk)} of {len(events)} events ({tries} lives tried):"
+        if tries
+        else f"events ({len(events)}, not shrunk: this check was shrunk before):",
         *[f"    {event!r}," for event in shrunk],
     ]
     return "\n".join(line for line in lines if line)
@@ -125,8 +127,10 @@ def check_life(
     shrink_budget_s: float = 120.0,
     tamper: Tamper | None = None,
     events: list[Event] | None = None,
+    shrunk_checks: set[str] | None = None,
 ) -> LifeStats:
-    """Run life `seed`; on failure shrink it and raise an `AssertionError` with the report."""
+    """Run life `seed`; on failure shrink it and raise an `AssertionError` with the report.
+    `shrunk_checks`: checks already shrunk in this session, not shrunk again (the set grows)."""
     settings, drawn = generate(seed)
     events = drawn if events is None else events
     try:
@@ -134,7 +138,10 @@ def check_life(
             seed, root / f"life-{seed}", settings=settings, events=events, tamper=tamper
         )
     except SimFailure as failure:
-        shrunk, tries = shrink(
-            seed, settings, events, failure.check, root, shrink_budget_s, tamper=tamper
-        )
+        budget = shrink_budget_s
+        if shrunk_checks is not None:
+            if failure.check in shrunk_checks:
+                budget = 0.0
+            shrunk_checks.add(failure.check)
+        shrunk, tries = shrink(seed, settings, events, failure.check, root, budget, tamper=tamper)
         raise AssertionError(report(seed, settings, failure, events, shrunk, tries)) from None

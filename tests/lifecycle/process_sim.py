@@ -577,31 +577,22 @@ class Life:
         # Sends before the broker's next measure meet the disk itself (refused whatever the
         # policy); after it, the policy (held or refused). Both happen: give the measure a chance.
         _poll(lambda: self._log_count(FULL_LOG_LINE) > episodes, 2.0)
-        held: tuple[SimClient, str, SimMessage] | None = None
+        producer: SimClient | None = None
+        held: tuple[str, SimMessage] | None = None
         try:
-            held = self._send_until_full(ev)
+            producer, held = self._send_until_full(ev)
             self._acks_on_full_disk(ev)
+        except BaseException:
+            if producer is not None:
+                producer.abandon()
+            raise
         finally:
             self.disk.free()
-        # Room is back: the episode ends, a held producer goes on by itself, new sends are taken.
-        if self._log_count(FULL_LOG_LINE) > episodes and not _poll(
-            lambda: self._log_count(ROOM_LOG_LINE) > rooms, RECOVERY_TIMEOUT_S
-        ):
-            raise self._full_disk_failure(
-                f"the broker did not see the room that came back within {RECOVERY_TIMEOUT_S} s"
-            )
-        if held is not None:
-            client, receipt, msg = held
-            try:
-                client.wait_receipts([receipt], "SEND held on a full disk", RECOVERY_TIMEOUT_S)
-            except (BrokerGone, SimFailure) as exc:
-                raise self._full_disk_failure(
-                    f"a producer held back on a full disk was not let go once the disk had "
-                    f"room again: {exc}"
-                ) from None
-            finally:
-                client.close()
-            self.model.visible(msg, receipted=True)
+        try:
+            self._after_room_is_back(episodes, rooms, producer, held)
+        finally:
+            if producer is not None:
+                producer.close()
         self._send_after_disk_full()
         if ev.restart is not None:
             self.broker.stop()
@@ -609,9 +600,37 @@ class Life:
             self._verify(after_crash=False)
             self._restart(ev.restart, crashed=False, verified=True)
 
-    def _send_until_full(self, ev: DiskFull) -> tuple[SimClient, str, SimMessage] | None:
-        """Send one by one until a SEND is refused (`error`) or held back (`block`); returns the
-        held SEND's client and receipt, if one is held."""
+    def _after_room_is_back(
+        self,
+        episodes: int,
+        rooms: int,
+        producer: SimClient | None,
+        held: tuple[str, SimMessage] | None,
+    ) -> None:
+        # Room is back: the episode ends, a held producer goes on by itself, new sends are taken.
+        if self._log_count(FULL_LOG_LINE) > episodes and not _poll(
+            lambda: self._log_count(ROOM_LOG_LINE) > rooms, RECOVERY_TIMEOUT_S
+        ):
+            raise self._full_disk_failure(
+                f"the broker did not see the room that came back within {RECOVERY_TIMEOUT_S} s"
+            )
+        if producer is not None and held is not None:
+            receipt, msg = held
+            try:
+                producer.wait_receipts([receipt], "SEND held on a full disk", RECOVERY_TIMEOUT_S)
+            except (BrokerGone, SimFailure) as exc:
+                raise self._full_disk_failure(
+                    f"a producer held back on a full disk was not let go once the disk had "
+                    f"room again: {exc}"
+                ) from None
+            self.model.visible(msg, receipted=True)
+
+    def _send_until_full(
+        self, ev: DiskFull
+    ) -> tuple[SimClient | None, tuple[str, SimMessage] | None]:
+        """Send one by one until a SEND is refused (`error`) or held back (`block`). Returns the
+        producer's connection, still open (a held connection is not read: it could not take a
+        DISCONNECT before the disk has room), and the receipt and message of a held SEND."""
         refused = 0
         client: SimClient | None = None
         try:
@@ -632,16 +651,16 @@ class Life:
                     client = None
                     refused += 1
                     if refused >= 2:
-                        return None
+                        break
                     continue
                 except SimFailure:
-                    held, client = (client, receipt, msg), None
-                    return held
+                    return client, (receipt, msg)
                 self.model.visible(msg, receipted=True)
-        finally:
+        except BaseException:
             if client is not None:
-                client.close()
-        return None
+                client.abandon()
+            raise
+        return client, None
 
     def _acks_on_full_disk(self, ev: DiskFull) -> None:
         """Consumers go on while the disk is full: their ACKs are written into the reserve."""
