@@ -359,7 +359,7 @@ class Writer:
             self.stats.written_records += len(ops)
             self.stats.batches += 1
         self._deliver(handles)
-        self._apply(ops)
+        # Cancelled adds first: a destination delete later in the batch forgets them.
         for op in batch:
             record = op.record
             if (
@@ -369,6 +369,7 @@ class Writer:
                 and op.handle.state is WriteState.CANCELLED
             ):
                 self.state.note_cancelled(record.destination, record.seq)
+        self._apply(ops)
 
     def write(self, ops: Sequence[Op]) -> None:
         """Append the ops' records, rolling over as needed; sets each op's location.
@@ -581,31 +582,44 @@ class Writer:
         if not file_nos:
             return
         self.write_durable([Op.of(gc.retired_after(self.state, list(file_nos), self.head.file_no))])
-        if archive:
-            self.archive_dir.mkdir(parents=True, exist_ok=True)
-        for file_no in file_nos:
-            path = file_path(self.journal_dir, file_no)
-            data_bytes = self.state.files[file_no].data_bytes
-            self.reader.forget(file_no)
-            with self.read_lock:
-                self.store_reader.forget(file_no)
-                if archive:
-                    if data_bytes:
-                        os.truncate(path, data_bytes)
-                    os.replace(path, self.archive_dir / path.name)
-                else:
-                    path.unlink(missing_ok=True)
-        fsync_dir(self.journal_dir)
-        if archive:
-            fsync_dir(self.archive_dir)
-        self.state.files_gone(file_nos)
-        with self.lock:
-            self.stats.files -= len(file_nos)
-            self.stats.disk_bytes -= len(file_nos) * self.head.file_bytes
+        gone: list[int] = []
+        try:
             if archive:
-                self.stats.gc_archived_files += len(file_nos)
-            else:
-                self.stats.gc_deleted_files += len(file_nos)
+                self.archive_dir.mkdir(parents=True, exist_ok=True)
+            for file_no in file_nos:
+                self._retire_file(file_no, archive)
+                gone.append(file_no)
+            fsync_dir(self.journal_dir)
+            if archive:
+                fsync_dir(self.archive_dir)
+        finally:
+            # What left the directory is gone whatever failed after it (a crash before the
+            # directory sync may bring a file back: nothing in it is needed, the next
+            # collection removes it again).
+            self.state.files_gone(gone)
+            with self.lock:
+                self.stats.files -= len(gone)
+                self.stats.disk_bytes -= len(gone) * self.head.file_bytes
+                if archive:
+                    self.stats.gc_archived_files += len(gone)
+                else:
+                    self.stats.gc_deleted_files += len(gone)
+
+    def _retire_file(self, file_no: int, archive: bool) -> None:
+        path = file_path(self.journal_dir, file_no)
+        data_bytes = self.state.files[file_no].data_bytes
+        self.reader.forget(file_no)
+        with self.read_lock:
+            self.store_reader.forget(file_no)
+            if not archive:
+                path.unlink(missing_ok=True)
+                return
+            target = self.archive_dir / path.name
+            if not path.exists() and target.exists():
+                return  # moved by an earlier collection that failed after the move
+            if data_bytes:
+                os.truncate(path, data_bytes)
+            os.replace(path, target)
 
 
 def _refusable(ops: Sequence[Op]) -> bool:
