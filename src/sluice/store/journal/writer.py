@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.config import StoreConfig, SyncPolicy
-from sluice.errors import DiskFullError, StoreError
+from sluice.errors import CorruptionError, DiskFullError, StoreError
 from sluice.store.api import CompletionSink, StoreStats, WriteHandle, WriteState
 from sluice.store.journal import format as fmt
 from sluice.store.journal import gc
@@ -299,9 +299,8 @@ class Writer:
             self._last_gc = now
             try:
                 self.collect()
-            except StoreError as exc:
-                # A damaged record found while compacting stops compaction, not the store.
-                log.error("garbage collection stopped: %s", exc)
+            except (OSError, StoreError) as exc:
+                self._maintenance_failed("garbage collection", exc)
 
     def _serve(self, req: _Request) -> None:
         try:
@@ -313,7 +312,20 @@ class Writer:
                 self.checkpoint()
         except BaseException as exc:
             req.error = exc
+            if isinstance(exc, OSError | StoreError) and self.failed is None:
+                self._maintenance_failed(req.kind.value, exc)
         req.done.set()
+
+    def _maintenance_failed(self, what: str, exc: OSError | StoreError) -> None:
+        """A checkpoint or collection failed. Lack of room (nothing was written) or a damaged
+        record met while compacting stops only that round; any other I/O error (a failed sync,
+        a write cut short) fails the store: a sync that failed is never tried again as if the
+        data before it were safe."""
+        if isinstance(exc, DiskFullError | CorruptionError):
+            log.error("%s stopped: %s", what, exc)
+            return
+        log.error("%s failed; the store stops accepting writes: %s", what, exc)
+        self._set_failed(exc)
 
     # -- batches -----------------------------------------------------------------------------------
 
@@ -328,6 +340,17 @@ class Writer:
                 ops.append(op)
         for (client_id, name), seq in cursors.items():
             ops.append(Op.of(fmt.SubCursor(client_id, name, seq)))
+        # Cancelled adds used their sequences whether this batch is written or refused (a
+        # destination delete applied with the batch forgets them).
+        for op in batch:
+            record = op.record
+            if (
+                isinstance(record, fmt.AddMeta)
+                and not record.txno
+                and op.handle is not None
+                and op.handle.state is WriteState.CANCELLED
+            ):
+                self.state.note_cancelled(record.destination, record.seq)
         if self.failed is not None:
             self._fail_ops(ops, handles, self.failed)
             return
@@ -359,16 +382,6 @@ class Writer:
             self.stats.written_records += len(ops)
             self.stats.batches += 1
         self._deliver(handles)
-        # Cancelled adds first: a destination delete later in the batch forgets them.
-        for op in batch:
-            record = op.record
-            if (
-                isinstance(record, fmt.AddMeta)
-                and not record.txno
-                and op.handle is not None
-                and op.handle.state is WriteState.CANCELLED
-            ):
-                self.state.note_cancelled(record.destination, record.seq)
         self._apply(ops)
 
     def write(self, ops: Sequence[Op]) -> None:
