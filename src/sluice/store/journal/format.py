@@ -35,6 +35,8 @@ Strings are UTF-8 with a length prefix: `str16` = u16 length + bytes, `str32` = 
     14 CHECKPOINT     file_no u32 | offset u64 | time_ms u64
     15 DEST_SEQ       seq u64 | destination str16   (last sequence is at least seq)
     16 PADDING        zeros: bytes a repair overwrote (damaged records it skipped)
+    17 FILES_RETIRED  count u32 | count x (first u32, last u32)   (every data file number
+                      collected so far, as inclusive ranges; the newest such record counts)
 
 `txno` 0 means "not transacted". Transaction numbers are the store's own, unique for the life of
 the journal; TX_BEGIN maps one to the client's transaction id for tools. Decoders check every
@@ -45,17 +47,81 @@ or loop beyond the record it came from; the record length itself is checked by t
 
 from __future__ import annotations
 
-import enum
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sluice.store.api import DEDUP_HEADER, StoredMessage
+from sluice.store.journal.records import (
+    FORMAT_VERSION,
+    READABLE_VERSIONS,
+    AddMeta,
+    Checkpoint,
+    DestDelete,
+    DestSeq,
+    DestState,
+    DispatchMark,
+    FileHeader,
+    FilesRetired,
+    FormatError,
+    Padding,
+    Record,
+    RecordType,
+    Remove,
+    RemoveRange,
+    SubCursor,
+    SubDelete,
+    SubPut,
+    TxAbort,
+    TxBegin,
+    TxCommit,
+)
+
+# The record types live in `records`; they are part of this module's interface.
+__all__ = [
+    "FILE_HEADER_RECORD_BYTES",
+    "FORMAT_VERSION",
+    "HEADER",
+    "HEADER_BYTES",
+    "MAGIC",
+    "MAX_PAYLOAD_BYTES",
+    "READABLE_VERSIONS",
+    "TYPE_CRC_SEEDS",
+    "VALID_TYPES",
+    "AddMeta",
+    "Checkpoint",
+    "DestDelete",
+    "DestSeq",
+    "DestState",
+    "DispatchMark",
+    "FileHeader",
+    "FilesRetired",
+    "FormatError",
+    "Padding",
+    "Record",
+    "RecordType",
+    "Remove",
+    "RemoveRange",
+    "SubCursor",
+    "SubDelete",
+    "SubPut",
+    "TxAbort",
+    "TxBegin",
+    "TxCommit",
+    "decode",
+    "decode_add",
+    "decode_add_meta",
+    "encode",
+    "encode_add",
+    "encode_file_header",
+    "frame",
+    "padding_header",
+    "payload_crc",
+    "record_bytes",
+]
 
 MAGIC = b"SLUICEJL"
-FORMAT_VERSION = 1
 HEADER = struct.Struct("<IIB")
 HEADER_BYTES = HEADER.size  # 9
 # A record is at most a 64 MiB frame plus its headers; anything far larger is damage.
@@ -74,206 +140,17 @@ _U64_U64 = struct.Struct("<QQ")
 _U64_U32 = struct.Struct("<QI")
 _U64_U64_U32 = struct.Struct("<QQI")
 _U32_U64_U64 = struct.Struct("<IQQ")
+_U32_U32 = struct.Struct("<II")
 _U64_U8 = struct.Struct("<QB")
 _MAX_U16 = 0xFFFF
 _MAX_U32 = 0xFFFF_FFFF
 _MAX_U64 = 0xFFFF_FFFF_FFFF_FFFF
 
 
-class RecordType(enum.IntEnum):
-    """The type byte of a record."""
-
-    FILE_HEADER = 1
-    ADD = 2
-    REMOVE = 3
-    REMOVE_RANGE = 4
-    TX_BEGIN = 5
-    TX_COMMIT = 6
-    TX_ABORT = 7
-    SUB_PUT = 8
-    SUB_DELETE = 9
-    SUB_CURSOR = 10
-    DEST_DELETE = 11
-    DISPATCH_MARK = 12
-    DEST_STATE = 13
-    CHECKPOINT = 14
-    DEST_SEQ = 15
-    PADDING = 16
-
-
 VALID_TYPES = frozenset(int(t) for t in RecordType)
 # crc32 of the type byte alone, the seed of every record's checksum.
 _TYPE_CRC = {int(t): zlib.crc32(bytes([int(t)])) for t in RecordType}
 TYPE_CRC_SEEDS: Mapping[int, int] = _TYPE_CRC
-
-
-class FormatError(ValueError):
-    """A payload does not follow the layout of its record type."""
-
-
-# -- decoded records ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class FileHeader:
-    """First record of every file."""
-
-    file_no: int
-    store_id: bytes
-    created_ms: int
-    version: int = FORMAT_VERSION
-
-
-@dataclass(frozen=True, slots=True)
-class AddMeta:
-    """The fields of an ADD record that the index needs (everything but headers and body)."""
-
-    destination: str
-    seq: int
-    txno: int
-    ordinal: int
-    size: int
-    timestamp_ms: int
-    dedup_id: str
-    copy: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Remove:
-    """A message was consumed (at commit when `txno` is set)."""
-
-    txno: int
-    destination: str
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class RemoveRange:
-    """Every message of a destination up to `upto_seq` was dropped."""
-
-    destination: str
-    upto_seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class TxBegin:
-    """A transaction number starts; `txid` is the client's name for it."""
-
-    txno: int
-    txid: str
-
-
-@dataclass(frozen=True, slots=True)
-class TxCommit:
-    """The transaction's adds become visible with these sequences, in add order."""
-
-    txno: int
-    seqs: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class TxAbort:
-    """The transaction is dropped."""
-
-    txno: int
-
-
-@dataclass(frozen=True, slots=True)
-class SubPut:
-    """A durable subscription was created or replaced."""
-
-    client_id: str
-    name: str
-    destination: str
-    selector: str | None
-    cursor: int
-
-
-@dataclass(frozen=True, slots=True)
-class SubDelete:
-    """A durable subscription was dropped."""
-
-    client_id: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class SubCursor:
-    """A durable subscription's cursor moved."""
-
-    client_id: str
-    name: str
-    cursor: int
-
-
-@dataclass(frozen=True, slots=True)
-class DestDelete:
-    """A destination and all its messages were dropped."""
-
-    destination: str
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchMark:
-    """Messages of the destination up to `seq` may have been dispatched."""
-
-    destination: str
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class DestState:
-    """A destination's state re-asserted at the head so older files can be dropped."""
-
-    destination: str
-    last_seq: int
-    dispatch_mark: int
-    dedup_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class DestSeq:
-    """The destination's last sequence is at least `seq` (adds cancelled before their write
-    still used their sequences; written at the next checkpoint)."""
-
-    destination: str
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    """The index was committed with the journal complete up to this position."""
-
-    file_no: int
-    offset: int
-    time_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Padding:
-    """Bytes a repair overwrote because the records there were damaged; replay skips them."""
-
-    payload_bytes: int
-
-
-Record = (
-    FileHeader
-    | AddMeta
-    | Remove
-    | RemoveRange
-    | TxBegin
-    | TxCommit
-    | TxAbort
-    | SubPut
-    | SubDelete
-    | SubCursor
-    | DestDelete
-    | DispatchMark
-    | DestState
-    | DestSeq
-    | Checkpoint
-    | Padding
-)
 
 
 # -- framing -----------------------------------------------------------------------------------
@@ -541,6 +418,13 @@ def encode(record: Record) -> tuple[int, bytes]:
         return RecordType.CHECKPOINT, _U32_U64_U64.pack(
             record.file_no, record.offset, record.time_ms
         )
+    if isinstance(record, FilesRetired):
+        parts = [_U32.pack(len(record.ranges))]
+        for first, last in record.ranges:
+            if not 1 <= first <= last <= 0xFFFFFFFF:
+                raise FormatError(f"bad retired file range {first}-{last}")
+            parts.append(_U32_U32.pack(first, last))
+        return RecordType.FILES_RETIRED, b"".join(parts)
     if isinstance(record, FileHeader):
         if len(record.store_id) != 16:
             raise FormatError("store id must be 16 bytes")
@@ -607,11 +491,19 @@ def decode(rtype: int, payload: bytes | memoryview) -> Record:
             raise FormatError("padding holds non-zero bytes")
         record = Padding(r.end)
         r.pos = r.end
+    elif rtype == RecordType.FILES_RETIRED:
+        (count,) = r.fixed(_U32)
+        if count * _U32_U32.size > r.end - r.pos:
+            raise FormatError(f"retired range count {count} exceeds the payload")
+        ranges = tuple((int(a), int(b)) for a, b in (r.fixed(_U32_U32) for _ in range(count)))
+        if any(not 1 <= first <= last for first, last in ranges):
+            raise FormatError("retired file ranges out of order")
+        record = FilesRetired(ranges)
     elif rtype == RecordType.FILE_HEADER:
         magic, version, file_no, store_id, created_ms = r.fixed(_FILE_HEADER)
         if magic != MAGIC:
             raise FormatError("bad magic in file header")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise FormatError(f"unsupported journal format version {version}")
         record = FileHeader(file_no, bytes(store_id), created_ms, version)
     else:

@@ -1,4 +1,6 @@
-"""Garbage collection, archiving and compaction of data files (run on the writer thread).
+"""Garbage collection, archiving and compaction of data files: what may go and what to copy.
+
+The functions here decide; the writer (`Writer.collect`, on its thread) carries the plan out.
 
 A file may go when it lies wholly before the index checkpoint, nothing pins it (`FileInfo.pins`),
 and every file it depends on is already gone (`FileInfo.deps`, so a remove never outlives the
@@ -12,22 +14,25 @@ and the index moved to the copies. Order, for crash safety: the copies are writt
 the index is committed, and only then does collection delete the old file. A crash before the
 commit leaves duplicates that replay resolves to the newer copy (an ADD of an existing key
 replaces it); a crash after it leaves an unpinned old file that the next collection removes.
+
+Before files go, a FILES_RETIRED record naming every file collected so far is written and synced
+at the head, so a rebuild of the index from the journal alone can tell a gap that collection made
+(an old file still pinned, later ones gone) from a data file that was lost.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from sluice.errors import CorruptionError
 from sluice.store.journal import format as fmt
+from sluice.store.journal.files import FileReader
 from sluice.store.journal.indexcodec import MsgLoc, dkey
 from sluice.store.journal.ops import Op
 from sluice.store.journal.scan import parse_add
-
-if TYPE_CHECKING:
-    from sluice.store.journal.writer import Writer
+from sluice.store.journal.state import JournalState
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,7 @@ class GcResult:
     archived: list[int] = field(default_factory=list)
     compacted: list[int] = field(default_factory=list)
     moved_messages: int = 0
+    damaged_records: int = 0
 
     def lines(self) -> list[str]:
         """Human-readable summary."""
@@ -59,37 +65,9 @@ class GcResult:
         return out
 
 
-def collect(writer: Writer, *, compact: bool = True) -> GcResult:
-    """Checkpoint, compact what is worth it, then delete or archive what nothing needs."""
-    result = GcResult()
-    writer.checkpoint()
-    if compact:
-        targets = compaction_targets(writer)
-        if targets:
-            ops = _copy_ops(writer, targets)
-            writer.write_durable(ops)
-            writer.checkpoint()
-            result.compacted = targets
-            result.moved_messages = sum(1 for op in ops if op.rtype == fmt.RecordType.ADD)
-            with writer.lock:
-                writer.stats.compacted_files += len(targets)
-    retire = deletable(writer)
-    if retire:
-        writer.retire_files(retire, writer.config.archive and writer.durable)
-        if writer.config.archive and writer.durable:
-            result.archived = retire
-        else:
-            result.deleted = retire
-        writer.checkpoint()
-    for line in result.lines():
-        log.info("journal gc: %s", line)
-    return result
-
-
-def deletable(writer: Writer) -> list[int]:
-    """Files that may go now, ascending."""
-    state = writer.state
-    checkpoint_file = writer.head.file_no
+def deletable(state: JournalState, checkpoint_file: int) -> list[int]:
+    """Files that may go now, ascending: before `checkpoint_file`, unpinned, with every file
+    they depend on already gone or going."""
     remaining = set(state.files)
     out = []
     for file_no in sorted(state.files):
@@ -102,11 +80,15 @@ def deletable(writer: Writer) -> list[int]:
     return out
 
 
-def compaction_targets(writer: Writer) -> list[int]:
-    """Old, pinned files whose live share is below the configured ratio, within a byte budget."""
-    state = writer.state
-    ratio = writer.config.compaction_live_ratio
-    checkpoint_file = writer.head.file_no
+def retired_after(state: JournalState, going: list[int], head_file: int) -> fmt.FilesRetired:
+    """The FILES_RETIRED record to write before `going` is removed: every file number below the
+    head that no longer exists, or is about to stop existing."""
+    kept = set(state.files).difference(going)
+    return fmt.FilesRetired.of(n for n in range(1, head_file) if n not in kept)
+
+
+def compaction_targets(state: JournalState, checkpoint_file: int, ratio: float) -> list[int]:
+    """Old, pinned files whose live share is below `ratio`, within a byte budget."""
     out: list[int] = []
     budget = MAX_COMPACTION_BYTES
     for file_no in sorted(state.files):
@@ -124,11 +106,14 @@ def compaction_targets(writer: Writer) -> list[int]:
     return out
 
 
-def _copy_ops(writer: Writer, targets: list[int]) -> list[Op]:
-    state = writer.state
+def copy_ops(
+    state: JournalState, reader: FileReader, journal_dir: Path, targets: list[int], result: GcResult
+) -> list[Op]:
+    """The records that take over what pins `targets`: live messages as copies, subscription
+    and destination state as SUB_PUT / DEST_STATE. A damaged message record is dropped (a
+    REMOVE) and counted in `result`, as `load` drops it, so one never stops compaction."""
     txn = state.index.txn
     msgs_db, rev_db = state.index.dbs[b"msgs"], state.index.dbs[b"rev"]
-    reader = writer.reader_for_gc()
     ops: list[Op] = []
     seen: set[bytes] = set()
     wanted = set(targets)
@@ -154,7 +139,7 @@ def _copy_ops(writer: Writer, targets: list[int]) -> list[Op]:
             if name is None:
                 continue
             seq = int.from_bytes(mkey[16:], "big")
-            path = str(writer.journal_dir / f"db-{loc.file_no}.log")
+            path = str(journal_dir / f"db-{loc.file_no}.log")
             try:
                 data = reader.read(loc.file_no, loc.offset, loc.length)
                 message = parse_add(data, path, loc.offset, loc.length, destination=name, seq=seq)
@@ -166,8 +151,7 @@ def _copy_ops(writer: Writer, targets: list[int]) -> list[Op]:
                     name,
                     exc,
                 )
-                with writer.lock:
-                    writer.stats.damaged_records += 1
+                result.damaged_records += 1
                 ops.append(Op.of(fmt.Remove(0, name, seq)))
                 continue
             message.seq = seq

@@ -254,10 +254,12 @@ class Index:
         *,
         durable: bool,
         file_sizes: Mapping[int, int],
+        keep_clean_marker: bool = False,
     ) -> Index:
         """Open an existing index after the checks described at the top (`file_sizes`: the data
         files present, file number -> bytes). Raises `IndexCorrupt` (or FileNotFoundError when
-        there is none); `verified.outside` lists entries the journal on disk cannot back."""
+        there is none); `verified.outside` lists entries the journal on disk cannot back.
+        `keep_clean_marker`: for a look that commits nothing (verify), leave the marker."""
         data = _data_file(index_dir)
         if not data.is_file():
             raise FileNotFoundError(str(data))
@@ -268,7 +270,8 @@ class Index:
             if len(raw) != _CLEAN.size or _CLEAN.unpack(raw) != (_CLEAN_MAGIC, crc, size):
                 raise IndexCorrupt("index checksum does not match the one written at close")
             # From now on the file changes; a crash must not leave a stale marker.
-            clean.unlink()
+            if not keep_clean_marker:
+                clean.unlink()
         check_structure(index_dir)
         index = cls(index_dir, map_bytes, durable=durable)
         try:

@@ -7,6 +7,10 @@ is then read from the start: records before the checkpoint are only checked (CRC
 replayed into the index (the redo role). With `verify_journal = after_checkpoint` only the
 replayed part is read. Any other index is rebuilt by replaying every data file.
 
+Data files may be missing where collection removed them: the index knows which files it still
+needs, and a rebuild, which has only the journal, trusts the newest FILES_RETIRED record for the
+files that came before. A missing file that neither accounts for stops the start.
+
 Damage:
 
 - in the newest file, with no valid record after it: a torn tail (a write the crash interrupted,
@@ -19,13 +23,21 @@ Damage:
   were never applied, and an ADD counts as lost unless the journal removes it later.
 
 Transactions still open at the end are aborted (an abort record is written) and counted.
+
+`recover(..., dry_run=True)` is the same path with every write left out: nothing on disk changes
+(a rebuild goes to a temporary index, the index's transaction is never committed), and the
+report says what a start would do. `sluice store verify` runs it, so whatever would stop a
+start, verify reports the same way.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
+import dataclasses
 import logging
 import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,29 +57,36 @@ from sluice.store.journal.files import (
 )
 from sluice.store.journal.index import Index
 from sluice.store.journal.indexcodec import IndexCorrupt
-from sluice.store.journal.scan import Damage, FileScan, resync
+from sluice.store.journal.scan import Damage, FileScan, ScannedRecord, resync
 from sluice.store.journal.state import JournalState
 
 log = logging.getLogger(__name__)
 
 # While rebuilding, commit every this many records so LMDB's dirty pages stay bounded.
 _REBUILD_COMMIT_RECORDS = 200_000
+# Applying from here on means "only check" (a file wholly before the checkpoint).
+_NEVER = 1 << 62
 
 
 @dataclass
 class Recovered:
-    """What `recover` hands to the store."""
+    """What `recover` hands to the store (or, dry, to verify)."""
 
     state: JournalState
     store_id: bytes
     report: list[str] = field(default_factory=list)
     head: HeadFile | None = None
+    head_position: tuple[int, int] = (0, 0)
     replayed_records: int = 0
     verified_records_bytes: int = 0
     rebuilt: bool = False
+    dry_run: bool = False
     # Damaged ADDs after the checkpoint, (destination, seq) -> report line: lost unless a later
     # record removes them.
     lost_adds: dict[tuple[str, int], str] = field(default_factory=dict)
+    # The newest FILES_RETIRED record replayed; changed when repair accepts missing files.
+    retired: fmt.FilesRetired = field(default_factory=lambda: fmt.FilesRetired(()))
+    retired_changed: bool = False
 
 
 class _IndexAhead(Exception):
@@ -107,29 +126,38 @@ def recover(
     dedup_window: int,
     durable: bool,
     force_rebuild: bool = False,
+    dry_run: bool = False,
 ) -> Recovered:
-    """Open (or create) the journal and index under `config.data_dir`."""
+    """Open (or create) the journal and index under `config.data_dir`. With `dry_run`, change
+    nothing and say what a start would do (the index is closed again: only the report and the
+    counts of the result are meaningful)."""
     journal_dir = config.data_dir / "journal"
     index_dir = config.data_dir / "index"
-    journal_dir.mkdir(parents=True, exist_ok=True)
-    remove_spares(journal_dir)
     report: list[str] = []
+    if dry_run:
+        config = dataclasses.replace(config, repair=False)
+    else:
+        journal_dir.mkdir(parents=True, exist_ok=True)
+        remove_spares(journal_dir)
     files = list_files(journal_dir)
     store_id = _store_id(journal_dir, files)
     if store_id is None and files:
-        if len(files) == 1 and resync(file_path(journal_dir, files[0]).read_bytes(), 0) is None:
+        first = file_path(journal_dir, files[0])
+        if len(files) == 1 and resync(first.read_bytes(), 0) is None:
             # A first file whose creation never completed: nothing was ever acknowledged.
-            file_path(journal_dir, files[0]).unlink()
-            _note(report, f"{file_path(journal_dir, files[0])}: incomplete new journal removed")
+            if not dry_run:
+                first.unlink()
+            _note(report, f"{first}: incomplete new journal removed")
             files = []
         elif config.repair:
             store_id = Index.peek_store_id(index_dir) or os.urandom(16)
             _note(report, "no data file has a valid header: repair rewrites them")
         else:
-            first = file_path(journal_dir, files[0])
             raise CorruptionError("data file header is damaged", str(first), 0)
     new_store = store_id is None
     if store_id is None:
+        if dry_run:
+            raise CorruptionError("no data files: a start creates a new journal", str(journal_dir))
         store_id = os.urandom(16)
         create_file(file_path(journal_dir, 1), 1, store_id, config.journal_file_bytes, sync=durable)
         if durable:
@@ -141,7 +169,12 @@ def recover(
         sizes = {n: file_path(journal_dir, n).stat().st_size for n in files}
         try:
             index = Index.open_checked(
-                index_dir, config.lmdb_map_bytes, store_id, durable=durable, file_sizes=sizes
+                index_dir,
+                config.lmdb_map_bytes,
+                store_id,
+                durable=durable,
+                file_sizes=sizes,
+                keep_clean_marker=dry_run,
             )
         except FileNotFoundError:
             reason = "index missing"
@@ -149,7 +182,13 @@ def recover(
             reason = f"index unusable: {exc}"
         else:
             try:
-                return _recover_from_index(config, index, store_id, files, dedup_window, report)
+                recovered = _recover_from_index(
+                    config, index, store_id, files, dedup_window, report, dry_run
+                )
+                if dry_run:
+                    index.abort()
+                    index.env.close()
+                return recovered
             except (IndexCorrupt, lmdb.Error, _IndexAhead) as exc:
                 reason = f"index unusable: {exc}"
                 index.abort()
@@ -158,8 +197,12 @@ def recover(
                 index.abort()
                 index.env.close()
                 raise
-    index = Index.create(index_dir, config.lmdb_map_bytes, store_id, durable=durable)
-    recovered = _replay_all(config, index, store_id, files, dedup_window, report)
+    if dry_run:
+        with _scratch_index(config, store_id, durable) as index:
+            recovered = _replay_all(config, index, store_id, files, dedup_window, report, True)
+    else:
+        index = Index.create(index_dir, config.lmdb_map_bytes, store_id, durable=durable)
+        recovered = _replay_all(config, index, store_id, files, dedup_window, report, False)
     if not new_store:
         _note(
             report,
@@ -169,6 +212,18 @@ def recover(
     return recovered
 
 
+@contextlib.contextmanager
+def _scratch_index(config: StoreConfig, store_id: bytes, durable: bool) -> Iterator[Index]:
+    """A throw-away index for a dry rebuild; closed and deleted afterwards."""
+    with tempfile.TemporaryDirectory(prefix="sluice-verify-") as tmp:
+        index = Index.create(Path(tmp) / "index", config.lmdb_map_bytes, store_id, durable=False)
+        try:
+            yield index
+        finally:
+            index.abort()
+            index.env.close()
+
+
 def _recover_from_index(
     config: StoreConfig,
     index: Index,
@@ -176,6 +231,7 @@ def _recover_from_index(
     files: list[int],
     dedup_window: int,
     report: list[str],
+    dry_run: bool,
 ) -> Recovered:
     journal_dir = config.data_dir / "journal"
     index.begin_write()
@@ -188,8 +244,10 @@ def _recover_from_index(
         if not config.repair and cp_file > files[-1]:
             raise CorruptionError("the data file the index checkpoint is in is missing", str(path))
         raise _IndexAhead(f"checkpoint file {path} is missing")
-    recovered = Recovered(state, store_id, report)
+    recovered = Recovered(state, store_id, report, dry_run=dry_run)
     _drop_outside(config, recovered)
+    # A file the index knows but the directory lacks is fine only when nothing in it is live
+    # (collection removed it and the crash came before the index heard of it).
     missing = [f for f in state.files if f not in present]
     for file_no in missing:
         if state.files[file_no].pins > 0:
@@ -209,9 +267,7 @@ def _recover_from_index(
     # Where the index knows each file's data to end: a journal that ends earlier lost data.
     known_ends = {f: state.files[f].data_bytes for f in files if f < cp_file and f in state.files}
     known_ends[cp_file] = cp_offset
-    _replay(
-        config, state, store_id, scanned, first_offset, (cp_file, cp_offset), recovered, known_ends
-    )
+    _Replay(config, recovered, (cp_file, cp_offset), known_ends).run(scanned, first_offset)
     _finish(config, recovered)
     log.info(
         "journal opened at checkpoint db-%d.log:%d, %d records replayed, %d bytes verified",
@@ -260,46 +316,82 @@ def _replay_all(
     files: list[int],
     dedup_window: int,
     report: list[str],
+    dry_run: bool,
 ) -> Recovered:
     index.begin_write()
     state = JournalState(index, dedup_window)
-    recovered = Recovered(state, store_id, report, rebuilt=True)
-    _replay(config, state, store_id, files, 0, (files[0], 0), recovered, {})
+    recovered = Recovered(state, store_id, report, rebuilt=True, dry_run=dry_run)
+    _Replay(config, recovered, (files[0], 0), {}).run(files, 0)
+    _check_gaps(config, recovered, files)
     _finish(config, recovered)
     return recovered
 
 
-def _replay(
-    config: StoreConfig,
-    state: JournalState,
-    store_id: bytes,
-    files: list[int],
-    start_offset: int,
-    checkpoint: tuple[int, int],
-    recovered: Recovered,
-    known_ends: dict[int, int],
-) -> None:
-    """Read `files` (the first from `start_offset`): check records before `checkpoint`, apply
-    the rest to the index; handle damage as the module docstring says. `known_ends`: where the
-    index knows data to end in files before the checkpoint."""
+def _check_gaps(config: StoreConfig, recovered: Recovered, files: list[int]) -> None:
+    """Every data file number below the newest must exist or have been collected."""
     journal_dir = config.data_dir / "journal"
-    for prev, file_no in itertools.pairwise(files):
-        if file_no != prev + 1:
-            raise CorruptionError(
-                f"data files db-{prev + 1}.log to db-{file_no - 1}.log are missing",
-                str(journal_dir),
+    present = set(files)
+    lost = [n for n in range(1, files[-1]) if n not in present and not recovered.retired.covers(n)]
+    if not lost:
+        return
+    names = f"db-{lost[0]}.log" + (f" to db-{lost[-1]}.log" if len(lost) > 1 else "")
+    what = f"data files missing that collection did not remove: {names} ({len(lost)} files)"
+    if not config.repair:
+        raise CorruptionError(what, str(journal_dir))
+    _note(recovered.report, f"{journal_dir}: {what}; what they held is lost (repair goes on)")
+    gone = [n for n in range(1, files[-1]) if n not in present]
+    recovered.retired = fmt.FilesRetired.of(gone)
+    recovered.retired_changed = True
+
+
+class _Replay:
+    """Reads data files in order: checks records before the checkpoint, applies the rest to the
+    index, and handles damage as the module docstring says, one file at a time."""
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        recovered: Recovered,
+        checkpoint: tuple[int, int],
+        known_ends: dict[int, int],
+    ) -> None:
+        self.config = config
+        self.recovered = recovered
+        self.state = recovered.state
+        self.journal_dir = config.data_dir / "journal"
+        self.checkpoint = checkpoint
+        # Where the index knows data to end in files before the checkpoint.
+        self.known_ends = known_ends
+
+    def run(self, files: list[int], start_offset: int) -> None:
+        """Replay `files`, the first from `start_offset`; leaves the head after the last."""
+        end = 0
+        for i, file_no in enumerate(files):
+            newest = i == len(files) - 1
+            end = self._file(file_no, start_offset if i == 0 else 0, newest=newest)
+        recovered = self.recovered
+        recovered.head_position = (files[-1], end)
+        if not recovered.dry_run:
+            recovered.head = HeadFile(
+                self.journal_dir,
+                recovered.store_id,
+                self.config.journal_file_bytes,
+                files[-1],
+                end,
+                sync_on_rollover=True,
+                preallocator=None,
             )
-    head_file, head_offset = files[-1], 0
-    for i, file_no in enumerate(files):
-        newest = i == len(files) - 1
-        path = file_path(journal_dir, file_no)
-        start = start_offset if i == 0 else 0
-        if file_no < checkpoint[0]:
-            apply_from = 1 << 62
-        elif file_no == checkpoint[0]:
-            apply_from = checkpoint[1]
-        else:
-            apply_from = 0
+
+    def _apply_from(self, file_no: int) -> int:
+        cp_file, cp_offset = self.checkpoint
+        if file_no < cp_file:
+            return _NEVER
+        return cp_offset if file_no == cp_file else 0
+
+    def _file(self, file_no: int, start: int, *, newest: bool) -> int:
+        """Replay one file; returns where its valid data ends."""
+        path = file_path(self.journal_dir, file_no)
+        apply_from = self._apply_from(file_no)
         scan = FileScan(path, start, records_from=apply_from)
         if start > scan.size:
             raise _IndexAhead(f"checkpoint offset {start} is past the end of {path}")
@@ -307,93 +399,115 @@ def _replay(
         cut = False
         for item in scan:
             if isinstance(item, Damage):
-                if newest and item.resume is None and item.offset >= apply_from:
-                    dropped = dmg.cut_tail(path, item)
-                    _note(
-                        recovered.report,
-                        f"{path}: torn tail cut at offset {item.offset}, {dropped} bytes "
-                        f"dropped ({item.reason})",
-                    )
-                    end = item.offset
-                    cut = True
-                    break
-                if not config.repair:
-                    raise CorruptionError(
-                        f"damaged journal record: {item.reason}", str(path), item.offset
-                    )
-                skipped = item
-                if item.offset == 0:
-                    dmg.rewrite_header(path, file_no, store_id)
-                    _note(recovered.report, f"{path}: damaged file header rewritten by repair")
-                    end = fmt.FILE_HEADER_RECORD_BYTES
-                    rest = item.resume if item.resume is not None else item.end
-                    if rest <= end:
-                        if item.resume is None:
-                            break
-                        continue
-                    skipped = Damage(end, item.resume, item.end, item.reason)
-                _repair(config, state, path, file_no, scan.data, skipped, apply_from, recovered)
-                if item.resume is None:
-                    end = skipped.offset  # zeroed: nothing valid follows
-                    cut = True
+                end, stop, cut = self._damage(path, file_no, scan, item, apply_from, newest=newest)
+                if stop:
                     break
                 continue
             if item.offset == 0:
-                try:
-                    record = fmt.decode(item.rtype, item.payload)
-                except fmt.FormatError:
-                    record = None
-                if not (
-                    isinstance(record, fmt.FileHeader)
-                    and record.file_no == file_no
-                    and record.store_id == store_id
-                ):
-                    raise CorruptionError("data file header does not belong here", str(path), 0)
-                end = item.length
+                self._check_header(path, file_no, item)
+            elif not self._record(path, file_no, scan, item, apply_from):
                 continue
-            try:
-                record = fmt.decode(item.rtype, item.payload)
-            except fmt.FormatError as exc:
-                if not config.repair:
-                    raise CorruptionError(
-                        f"malformed journal record: {exc}", str(path), item.offset
-                    ) from exc
-                after = item.offset + item.length
-                bad = Damage(item.offset, after, after, f"malformed record: {exc}")
-                _repair(config, state, path, file_no, scan.data, bad, apply_from, recovered)
-                continue
-            _forget_lost(recovered, record)
-            state.apply(item.rtype, record, file_no, item.offset, item.length)
-            recovered.replayed_records += 1
             end = item.offset + item.length
-            if recovered.rebuilt and state.updates >= _REBUILD_COMMIT_RECORDS:
-                state.flush((file_no, end), ok=False)
-                state.index.commit(reopen=True)
         if not cut:
             end = max(end, scan.end_offset)
-        recovered.verified_records_bytes += end - start
-        known = known_ends.get(file_no, 0)
+        self.recovered.verified_records_bytes += end - start
+        known = self.known_ends.get(file_no, 0)
         if not cut and end < known:
-            _short_file(config, state, path, file_no, end, known, recovered)
-        elif file_no == checkpoint[0] and checkpoint[1] > end:
-            raise _IndexAhead(f"checkpoint offset {checkpoint[1]} is past the valid end of {path}")
+            _short_file(self.config, self.state, path, file_no, end, known, self.recovered)
+        elif file_no == self.checkpoint[0] and self.checkpoint[1] > end:
+            raise _IndexAhead(
+                f"checkpoint offset {self.checkpoint[1]} is past the valid end of {path}"
+            )
         if end == 0:
             if not newest:
                 raise CorruptionError("data file has no valid header", str(path), 0)
-            create_file(path, file_no, store_id, config.journal_file_bytes)
+            if not self.recovered.dry_run:
+                create_file(path, file_no, self.recovered.store_id, self.config.journal_file_bytes)
             end = fmt.FILE_HEADER_RECORD_BYTES
-            _note(recovered.report, f"{path}: incomplete newest data file re-initialised")
-        state.file_seen(file_no, end)
-        head_file, head_offset = file_no, end
-    recovered.head = HeadFile(
-        journal_dir,
-        store_id,
-        config.journal_file_bytes,
-        head_file,
-        head_offset,
-        sync_on_rollover=True,
-        preallocator=None,
-    )
+            _note(self.recovered.report, f"{path}: incomplete newest data file re-initialised")
+        self.state.file_seen(file_no, end)
+        return end
+
+    def _check_header(self, path: Path, file_no: int, item: ScannedRecord) -> None:
+        try:
+            record = fmt.decode(item.rtype, item.payload)
+        except fmt.FormatError:
+            record = None
+        if not (
+            isinstance(record, fmt.FileHeader)
+            and record.file_no == file_no
+            and record.store_id == self.recovered.store_id
+        ):
+            raise CorruptionError("data file header does not belong here", str(path), 0)
+
+    def _record(
+        self, path: Path, file_no: int, scan: FileScan, item: ScannedRecord, apply_from: int
+    ) -> bool:
+        """Decode and apply one record; False when it was malformed and repair skipped it."""
+        recovered = self.recovered
+        try:
+            record = fmt.decode(item.rtype, item.payload)
+        except fmt.FormatError as exc:
+            if not self.config.repair:
+                raise CorruptionError(
+                    f"malformed journal record: {exc}", str(path), item.offset
+                ) from exc
+            after = item.offset + item.length
+            bad = Damage(item.offset, after, after, f"malformed record: {exc}")
+            _repair(self.config, self.state, path, file_no, scan.data, bad, apply_from, recovered)
+            return False
+        if isinstance(record, fmt.FilesRetired):
+            recovered.retired = record
+        _forget_lost(recovered, record)
+        self.state.apply(item.rtype, record, file_no, item.offset, item.length)
+        recovered.replayed_records += 1
+        if recovered.rebuilt and self.state.updates >= _REBUILD_COMMIT_RECORDS:
+            self.state.flush((file_no, item.offset + item.length), ok=False)
+            self.state.index.commit(reopen=True)
+        return True
+
+    def _damage(
+        self,
+        path: Path,
+        file_no: int,
+        scan: FileScan,
+        item: Damage,
+        apply_from: int,
+        *,
+        newest: bool,
+    ) -> tuple[int, bool, bool]:
+        """Handle one damaged stretch: (where valid data ends so far, whether nothing valid
+        follows in the file, whether the damage cut the file's data there)."""
+        recovered = self.recovered
+        if newest and item.resume is None and item.offset >= apply_from:
+            if recovered.dry_run:
+                dropped = item.end - item.offset
+                verb = "would be cut"
+            else:
+                dropped = dmg.cut_tail(path, item)
+                verb = "cut"
+            _note(
+                recovered.report,
+                f"{path}: torn tail {verb} at offset {item.offset}, {dropped} bytes "
+                f"dropped ({item.reason})",
+            )
+            return item.offset, True, True
+        if not self.config.repair:
+            raise CorruptionError(f"damaged journal record: {item.reason}", str(path), item.offset)
+        skipped = item
+        end = item.offset
+        if item.offset == 0:
+            dmg.rewrite_header(path, file_no, recovered.store_id)
+            _note(recovered.report, f"{path}: damaged file header rewritten by repair")
+            end = fmt.FILE_HEADER_RECORD_BYTES
+            rest = item.resume if item.resume is not None else item.end
+            if rest <= end:
+                return end, item.resume is None, False
+            skipped = Damage(end, item.resume, item.end, item.reason)
+        _repair(self.config, self.state, path, file_no, scan.data, skipped, apply_from, recovered)
+        if item.resume is None:
+            return skipped.offset, True, True  # zeroed: nothing valid follows
+        return end, False, False
 
 
 def _repair(
@@ -479,8 +593,6 @@ def _forget_lost(recovered: Recovered, record: fmt.Record) -> None:
 def _finish(config: StoreConfig, recovered: Recovered) -> None:
     """Report lost messages, abort transactions left open, commit the index at the head."""
     state = recovered.state
-    head = recovered.head
-    assert head is not None
     if recovered.lost_adds:
         lines = list(recovered.lost_adds.values())
         _note(recovered.report, f"{len(lines)} messages in damaged records are lost:")
@@ -490,8 +602,20 @@ def _finish(config: StoreConfig, recovered: Recovered) -> None:
             _note(recovered.report, f"  and {len(lines) - dmg.MAX_LISTED_RECORDS} more")
         recovered.lost_adds.clear()
     open_txs = sorted(state.open_txs)
-    for txno in open_txs:
-        record = fmt.TxAbort(txno)
+    if recovered.dry_run:
+        if open_txs:
+            _note(recovered.report, f"{len(open_txs)} uncommitted transactions would be dropped")
+        for problem in state.problems:
+            _note(recovered.report, problem)
+        state.problems.clear()
+        return
+    head = recovered.head
+    assert head is not None
+    records: list[fmt.Record] = [fmt.TxAbort(txno) for txno in open_txs]
+    if recovered.retired_changed:
+        # Repair accepted missing files: name them, so later rebuilds and verify do too.
+        records.append(recovered.retired)
+    for record in records:
         rtype, payload = fmt.encode(record)
         header, length = fmt.frame(rtype, (payload,))
         if not head.fits(length):
@@ -500,8 +624,9 @@ def _finish(config: StoreConfig, recovered: Recovered) -> None:
         location = (head.file_no, head.offset, length)
         head.write((header, payload))
         state.apply(rtype, record, *location)
-    if open_txs:
+    if records:
         head.sync()
+    if open_txs:
         _note(
             recovered.report,
             f"{len(open_txs)} uncommitted transactions dropped (abort records written)",

@@ -15,7 +15,7 @@ from typing import TextIO
 import lmdb
 
 from sluice.config import StoreConfig
-from sluice.errors import CorruptionError
+from sluice.errors import CorruptionError, StoreError
 from sluice.store.api import WriteHandle
 from sluice.store.journal import format as fmt
 from sluice.store.journal.files import FileReader, file_path, list_files
@@ -51,6 +51,8 @@ class VerifyReport:
     files: list[FileReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     index_messages: int = 0
+    # What a start would do, from the start's own checks run without writing anything.
+    start: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
 
 
@@ -60,8 +62,10 @@ def _config(data_dir: Path, config: StoreConfig | None) -> StoreConfig:
 
 
 def verify(data_dir: Path, config: StoreConfig | None = None) -> VerifyReport:
-    """Check every data file record by record (checksums, layout, headers, file sequence), and
-    that every index entry points at a valid ADD record. Changes nothing."""
+    """Check every data file record by record (checksums, layout, headers), that every index
+    entry points at a valid ADD record, and run a start's recovery without writing anything
+    (`recover(dry_run=True)`: missing files, the checkpoint, replay): whatever would stop a
+    start is a problem here too. Changes nothing."""
     cfg = _config(data_dir, config)
     journal_dir = cfg.data_dir / "journal"
     report = VerifyReport(ok=True)
@@ -95,11 +99,14 @@ def verify(data_dir: Path, config: StoreConfig | None = None) -> VerifyReport:
     if len(store_ids) > 1:
         report.problems.append("data files belong to more than one store")
     _verify_index(cfg, report)
+    if numbers:
+        _verify_start(cfg, report)
     report.ok = not report.problems
     report.lines = [
         f"{fr.path}: {fr.records} records, {fr.data_bytes} bytes of data" for fr in report.files
     ]
     report.lines.append(f"index: {report.index_messages} messages")
+    report.lines.extend(f"start: {line.strip()}" for line in report.start)
     report.lines.extend(report.problems)
     report.lines.append("OK" if report.ok else f"{len(report.problems)} problems")
     return report
@@ -167,6 +174,23 @@ def _verify_index(cfg: StoreConfig, report: VerifyReport) -> None:
     finally:
         reader.close()
         env.close()
+
+
+def _verify_start(cfg: StoreConfig, report: VerifyReport) -> None:
+    """The start's own checks, dry: a start that would fail is a problem, named as the start
+    would name it; what it would do otherwise (cut a torn tail, rebuild the index) is listed."""
+    try:
+        recovered = recover(cfg, dedup_window=10_000, durable=True, dry_run=True)
+    except (StoreError, OSError) as exc:
+        report.problems.append(f"a start would fail: {exc}")
+        return
+    report.start.extend(recovered.report)
+    head_file, head_offset = recovered.head_position
+    report.start.append(
+        f"a start would open at db-{head_file}.log:{head_offset} "
+        f"({recovered.replayed_records} records replayed"
+        + (", index rebuilt)" if recovered.rebuilt else ")")
+    )
 
 
 def dump(data_dir: Path, out: TextIO, *, archive: bool = False) -> int:

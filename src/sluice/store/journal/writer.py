@@ -29,6 +29,7 @@ from sluice.store.api import CompletionSink, StoreStats, WriteHandle, WriteState
 from sluice.store.journal import format as fmt
 from sluice.store.journal import gc
 from sluice.store.journal.files import FileReader, HeadFile, file_path, fsync_dir
+from sluice.store.journal.gc import GcResult
 from sluice.store.journal.ops import Op
 from sluice.store.journal.overlay import Cleanup, Overlay
 from sluice.store.journal.state import JournalState
@@ -230,7 +231,7 @@ class Writer:
         if now - self._last_gc >= cfg.gc_interval_s:
             self._last_gc = now
             try:
-                gc.collect(self)
+                self.collect()
             except StoreError as exc:
                 # A damaged record found while compacting stops compaction, not the store.
                 log.error("garbage collection stopped: %s", exc)
@@ -240,7 +241,7 @@ class Writer:
             if self.failed is not None:
                 raise StoreError("the journal store failed earlier") from self.failed
             if req.kind == "gc":
-                req.result = gc.collect(self)
+                req.result = self.collect()
             else:
                 self.checkpoint()
         except BaseException as exc:
@@ -424,10 +425,44 @@ class Writer:
             self.write([marker])
         self._cp_position = (head.file_no, head.offset)
 
+    # -- collection --------------------------------------------------------------------------------
+
+    def collect(self, *, compact: bool = True) -> GcResult:
+        """Checkpoint, compact what is worth it, then delete or archive what nothing needs."""
+        result = GcResult()
+        self.checkpoint()
+        if compact:
+            targets = gc.compaction_targets(
+                self.state, self.head.file_no, self.config.compaction_live_ratio
+            )
+            if targets:
+                ops = gc.copy_ops(self.state, self.reader, self.journal_dir, targets, result)
+                self.write_durable(ops)
+                self.checkpoint()
+                result.compacted = targets
+                result.moved_messages = sum(1 for op in ops if op.rtype == fmt.RecordType.ADD)
+                with self.lock:
+                    self.stats.compacted_files += len(targets)
+                    self.stats.damaged_records += result.damaged_records
+        retire = gc.deletable(self.state, self.head.file_no)
+        if retire:
+            archive = self.config.archive and self.durable
+            self.retire_files(retire, archive)
+            if archive:
+                result.archived = retire
+            else:
+                result.deleted = retire
+            self.checkpoint()
+        for line in result.lines():
+            log.info("journal gc: %s", line)
+        return result
+
     def retire_files(self, file_nos: Sequence[int], archive: bool) -> None:
-        """Delete data files, or move them to the archive, once nothing needs them."""
+        """Delete data files, or move them to the archive, once nothing needs them: first the
+        FILES_RETIRED record that names them (synced), then the files."""
         if not file_nos:
             return
+        self.write_durable([Op.of(gc.retired_after(self.state, list(file_nos), self.head.file_no))])
         if archive:
             self.archive_dir.mkdir(parents=True, exist_ok=True)
         for file_no in file_nos:
@@ -453,7 +488,3 @@ class Writer:
                 self.stats.gc_archived_files += len(file_nos)
             else:
                 self.stats.gc_deleted_files += len(file_nos)
-
-    def reader_for_gc(self) -> FileReader:
-        """The writer thread's own reader."""
-        return self.reader
