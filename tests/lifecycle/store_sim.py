@@ -23,6 +23,7 @@ import contextlib
 import enum
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -76,6 +77,8 @@ HOLD_S = 60.0  # the sink never holds the writer longer than this
 DISK_BOUND_FILES = 2  # data files left once everything is consumed and collected
 COMPACT_MAX_ROUNDS = 20  # `sluice store compact` collects until nothing changes; it must end
 _LOAD_PAGE = 7
+FULL_CHECK_EVERY = 8  # between restarts, all destinations are read back every this many events
+SWITCH_INTERVAL_S = 0.0002  # the main thread and the writer hand over constantly: switch fast
 DLQ_REASON = "x-dlq-reason"
 DLQ_SLOT = -1  # the model's transaction slot of a transacted move to a DLQ
 STEP_KINDS = frozenset(
@@ -98,6 +101,28 @@ STEP_KINDS = frozenset(
         Kind.DELETE_DEST,
     }
 )
+
+
+class Known(enum.Enum):
+    """Store bugs this simulation found that are not fixed yet. By default a life steps around
+    each (or tolerates it, counting the times in `LifeResult.known`) so that it can still find
+    others; `test_store_lifecycle.py` keeps a strict xfail test that runs without it."""
+
+    # `tools.rebuild_index` keeps 10,000 dedup ids whatever the store's window, and an open
+    # reports (and keeps pinned) what the index holds without trimming it to the window.
+    # Tolerated: only the newest `dedup_window` ids of a recovered window are compared.
+    LONG_DEDUP_WINDOW = "long-dedup-window"
+    # `HeadFile.rollover` closes the head descriptor, then fails to start the next file and
+    # keeps the closed number; `close()` closes it again (another file's by then). Tolerated:
+    # the fault layer refuses that close, as it refuses every close of a descriptor not held.
+    ROLLOVER_CLOSES_TWICE = "rollover-closes-twice"
+    # `mark_dispatched(dest, 0)` pins its file for ever: compaction re-asserts the destination
+    # (DEST_STATE) but a zero mark does not move the pin, so every collection rewrites it and
+    # `sluice store compact` never ends. Stepped around: marks are at least 1, as the core's.
+    ZERO_MARK_PINS = "zero-mark-pins"
+
+
+ALL_KNOWN = frozenset(Known)
 
 
 class StoreKind(enum.Enum):
@@ -174,6 +199,7 @@ class LifeResult:
     crashes: int = 0
     faults: Counter[str] = field(default_factory=Counter)
     leaked_fds: int = 0  # descriptors the store never closed (closed by the harness)
+    known: Counter[str] = field(default_factory=Counter)  # known issues met and tolerated
     failure: Mismatch | None = None
     failed_at: int = -1  # index of the event that failed (len(events): the final checks)
     trace: list[str] = field(default_factory=list)
@@ -217,15 +243,23 @@ class _Runner:
     """Plays one life."""
 
     def __init__(
-        self, kind: StoreKind, life: Life, events: Sequence[Event], workdir: Path, trace: bool
+        self,
+        kind: StoreKind,
+        life: Life,
+        events: Sequence[Event],
+        workdir: Path,
+        *,
+        trace: bool,
+        known: frozenset[Known],
     ) -> None:
         self.kind = kind
         self.life = life
+        self.known = known
         self.events = events
         self.root = workdir / "data"
         self.journal = kind is StoreKind.JOURNAL
         self.fs = FaultFS(self.root, workdir / "image")
-        self.model = Model(life.config.dedup_window)
+        self.model = Model(life.config.dedup_window, trim_windows=Known.LONG_DEDUP_WINDOW in known)
         self.sink = Sink(hold=self.journal)
         self.store: MemoryStore | JournalStore | None = None
         self.memory: MemoryStore | None = None
@@ -237,7 +271,8 @@ class _Runner:
         self.failed_events = 0
         self.faults_since_open = 0
         self.barriers = 0
-        self.known: dict[int, WriteHandle] = {}
+        self.handles_seen: dict[int, WriteHandle] = {}
+        self.touched: set[str] = set()
 
     # -- the life --------------------------------------------------------------------------------
 
@@ -265,6 +300,8 @@ class _Runner:
             self.result.faults.update(self.fs.stats.injected)
             self.result.crashes = self.fs.stats.crashes
             self.result.leaked_fds = self.fs.leaked_fds
+            if self.model.trimmed:
+                self.result.known[Known.LONG_DEDUP_WINDOW.value] += self.model.trimmed
         return self.result
 
     def note(self, line: str) -> None:
@@ -287,6 +324,10 @@ class _Runner:
                 raise Mismatch("exception", f"{ev}: {type(exc).__name__}: {exc}") from exc
             self.note(f"    excused {type(exc).__name__}: {exc}")
         misuses = self.fs.take_misuses()
+        if misuses and Known.ROLLOVER_CLOSES_TWICE in self.known:
+            rollover = [m for m in misuses if m.startswith("files.py") and " in close:" in m]
+            self.result.known[Known.ROLLOVER_CLOSES_TWICE.value] += len(rollover)
+            misuses = [m for m in misuses if m not in rollover]
         if misuses:
             raise Mismatch("fd-misuse", f"{ev}: {misuses[0]}")
         fired = self.fs.take_fired()
@@ -314,7 +355,9 @@ class _Runner:
                 self.note("    the store failed: restart")
                 self.restart(free_disk=True)
             return
-        self.live_check()
+        full = self.index % FULL_CHECK_EVERY == 0 or ev.kind in (Kind.GC, Kind.CHECKPOINT)
+        self.live_check(ALL_DESTS if full else sorted(self.touched))
+        self.touched.clear()
 
     def excused(self, fired_before: int) -> bool:
         """Whether an exception may come from a store call: the process crashed, a fault fired,
@@ -364,9 +407,10 @@ class _Runner:
         """Whether the open store reports a write error (it then refuses writes)."""
         return self.store is not None and self.store.stats().write_errors > 0
 
-    def step(self, submit: Callable[[list[_Op]], None]) -> None:
+    def step(self, submit: Callable[[list[_Op]], None], *, settle: bool = True) -> None:
         """Submit a step's operations (one batch), wait for them, check their handles, and apply
-        their outcomes to the model."""
+        their outcomes to the model. `settle=False`: the batch says nothing of what is in doubt
+        (the barrier that holds the writer of a store just opened, before the model is checked)."""
         store = self.s
         failed_before = self.failed()
         ops: list[_Op] = []
@@ -385,7 +429,7 @@ class _Runner:
         self.check_handles(ops, failed_before)
         for op in ops:
             op.effect(op.handle.state)
-        if not self.failed() and not self.fs.crashed:
+        if settle and not self.failed() and not self.fs.crashed:
             self.model.settle()
         if self.tracing and len(ops) > 1:
             self.note("    " + " ".join(op.handle.state.name for op in ops[:-1]))
@@ -397,11 +441,11 @@ class _Runner:
         counts = Counter(id(h) for h in delivered)
         mine = {id(op.handle) for op in ops}
         for h in delivered:
-            if id(h) not in mine and id(h) in self.known:
+            if id(h) not in mine and id(h) in self.handles_seen:
                 raise Mismatch("delivery", f"{h} delivered again in a later batch")
         for op in ops:
             h = op.handle
-            self.known[id(h)] = h
+            self.handles_seen[id(h)] = h
             if counts[id(h)] != 1:
                 raise Mismatch("delivery", f"{h} delivered {counts[id(h)]} times")
             if not h.done:
@@ -420,10 +464,10 @@ class _Runner:
             if self.store is not None and not self.fs.crashed:
                 self.step(lambda ops: None)
 
-    def load_all(self) -> dict[str, list[StoredMessage]]:
-        """Every destination, read in pages."""
+    def load_all(self, dests: Sequence[str] = ALL_DESTS) -> dict[str, list[StoredMessage]]:
+        """Every message of these destinations, read in pages."""
         out: dict[str, list[StoredMessage]] = {}
-        for dest in ALL_DESTS:
+        for dest in dests:
             messages: list[StoredMessage] = []
             after = 0
             while True:
@@ -435,11 +479,11 @@ class _Runner:
             out[dest] = messages
         return out
 
-    def live_check(self) -> None:
-        """What the running store serves against the model."""
+    def live_check(self, dests: Sequence[str]) -> None:
+        """What the running store serves from these destinations against the model."""
         fired_before = self.fs.stats.injected.total()
         try:
-            loaded = self.load_all()
+            loaded = self.load_all(dests)
         except StoreError as exc:
             if self.fs.stats.injected.total() > fired_before:
                 self.fs.take_fired()
@@ -447,7 +491,7 @@ class _Runner:
                 return
             raise Mismatch("load", f"{type(exc).__name__}: {exc}") from exc
         self.model.check_messages(loaded)
-        for dest in ALL_DESTS:
+        for dest in dests:
             want = loaded[dest][0].seq if loaded[dest] else 0
             got = self.s.first_seq(dest)
             if got != want:
@@ -505,7 +549,7 @@ class _Runner:
         self.result.opens += 1
         if self.fs.crashed:
             return
-        self.step(lambda ops: None)
+        self.step(lambda ops: None, settle=False)
         self.check_recovery(recovery, exact=exact)
 
     def check_recovery(self, recovery: Recovery, *, exact: bool) -> None:
@@ -640,11 +684,13 @@ class _Runner:
         """A non-transacted add in a step."""
         fields = fields_of(m)
         dedup = m.headers.get(DEDUP_HEADER)
+        self.touched.add(m.destination)
         handle = self.s.add(m, None)
         ops.append(_Op(handle, partial(self.model.add, m.destination, m.seq, fields, dedup)))
 
     def remove(self, ops: list[_Op], dest: str, seq: int) -> None:
         """A non-transacted remove in a step."""
+        self.touched.add(dest)
         ops.append(_Op(self.s.remove(dest, seq), partial(self.model.remove, dest, seq)))
 
     def pick(self, dest: str, ev: Event, count: int = 1) -> list[int]:
@@ -697,6 +743,7 @@ class _Runner:
             return
 
         def submit(ops: list[_Op]) -> None:
+            self.touched.add(dest)
             handle = self.s.remove_range(dest, upto[0])
             ops.append(_Op(handle, partial(self.model.remove_range, dest, upto[0])))
 
@@ -719,6 +766,7 @@ class _Runner:
                 self.remove(ops, dest, seq)
                 return
             copy = original.message(dlq, 0, {DLQ_REASON: reason})
+            self.touched.update((dest, dlq))
             txid = f"dlq.{ev.uid}"
             self.s.begin(txid)
             tx = self.model.begin(DLQ_SLOT, txid)
@@ -754,6 +802,9 @@ class _Runner:
     def _ev_mark(self, ev: Event) -> None:
         dest = DESTS[ev.d]
         seq = int(ev.pick * self.model.dests[dest].high)
+        if Known.ZERO_MARK_PINS in self.known and seq == 0:
+            seq = 1
+            self.result.known[Known.ZERO_MARK_PINS.value] += 1
 
         def submit(ops: list[_Op]) -> None:
             ops.append(_Op(self.s.mark_dispatched(dest, seq), partial(self.model.mark, dest, seq)))
@@ -798,6 +849,8 @@ class _Runner:
         if tx is None:
             return
         seqs = [self.model.next_seq(a.destination) for a in tx.adds]
+        self.touched.update(a.destination for a in tx.adds)
+        self.touched.update(dest for dest, _ in tx.removes)
         handle_of = partial(self.s.commit, tx.txid, seqs, None)
         effect = partial(self.model.commit, ev.slot, seqs)
         self.step(lambda ops: ops.append(_Op(handle_of(), effect)))
@@ -844,6 +897,7 @@ class _Runner:
 
     def _ev_delete_dest(self, ev: Event) -> None:
         dest = DESTS[ev.d]
+        self.touched.add(dest)
         self.step(
             lambda ops: ops.append(
                 _Op(self.s.delete_destination(dest), partial(self.model.delete_dest, dest))
@@ -959,15 +1013,27 @@ def run_life(
     events: Sequence[Event] | None = None,
     *,
     trace: bool = False,
+    known: frozenset[Known] = ALL_KNOWN,
 ) -> LifeResult:
-    """Play `life` (or the given events with its configuration) against a fresh store."""
-    with _workdir() as workdir:
-        runner = _Runner(kind, life, life.events if events is None else events, workdir, trace)
-        return runner.run()
+    """Play `life` (or the given events with its configuration) against a fresh store, stepping
+    around the `known` issues."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        with _workdir() as workdir:
+            events = life.events if events is None else events
+            runner = _Runner(kind, life, events, workdir, trace=trace, known=known)
+            return runner.run()
+    finally:
+        sys.setswitchinterval(switch)
 
 
 def shrink(
-    kind: StoreKind, life: Life, failure: LifeResult, budget_s: float
+    kind: StoreKind,
+    life: Life,
+    failure: LifeResult,
+    budget_s: float,
+    known: frozenset[Known] = ALL_KNOWN,
 ) -> tuple[list[Event], int]:
     """A shorter event list that fails the same check (delta debugging: drop chunks, then single
     events, while the failure reproduces), within `budget_s`. Returns it and the runs made."""
@@ -980,7 +1046,7 @@ def shrink(
     def fails(candidate: list[Event]) -> bool:
         nonlocal runs
         runs += 1
-        result = run_life(kind, life, candidate)
+        result = run_life(kind, life, candidate, known=known)
         return result.failure is not None and result.failure.check == check
 
     chunks = 2
@@ -1016,14 +1082,21 @@ class Report:
         return self.result.failure is not None
 
 
-def simulate(kind: StoreKind, seed: int, *, shrink_s: float = 30.0, trace: bool = False) -> Report:
+def simulate(
+    kind: StoreKind,
+    seed: int,
+    *,
+    shrink_s: float = 30.0,
+    trace: bool = False,
+    known: frozenset[Known] = ALL_KNOWN,
+) -> Report:
     """Run `seed`'s life; when it fails, shrink it and format the report."""
     life = generate(seed)
-    result = run_life(kind, life, trace=trace)
+    result = run_life(kind, life, trace=trace, known=known)
     if result.failure is None:
         return Report(result)
     started = time.monotonic()
-    shrunk, runs = shrink(kind, life, result, shrink_s)
+    shrunk, runs = shrink(kind, life, result, shrink_s, known)
     took = time.monotonic() - started
     if result.failed_at < 0:
         at = "the first open"
