@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PosixPath
 from typing import Any
 
+import sluice.store.journal.tools  # noqa: F401  (imports every journal module the layer patches)
 from sluice.store.journal import files as journal_files
 
 _WRITES = frozenset({"pwritev", "pwrite", "write"})

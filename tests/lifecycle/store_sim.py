@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -205,6 +206,14 @@ class LifeResult:
     trace: list[str] = field(default_factory=list)
 
 
+def _store_frame(exc: BaseException) -> str:
+    """Where in the store an exception was raised: `module.py:line in function`."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if "/sluice/store/" in frame.filename:
+            return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+    return "outside the store"
+
+
 def _noop(_state: WriteState) -> None:
     """An outcome that changes nothing in the model."""
 
@@ -251,10 +260,12 @@ class _Runner:
         *,
         trace: bool,
         known: frozenset[Known],
+        make_memory: Callable[[int], MemoryStore],
     ) -> None:
         self.kind = kind
         self.life = life
         self.known = known
+        self.make_memory = make_memory
         self.events = events
         self.root = workdir / "data"
         self.journal = kind is StoreKind.JOURNAL
@@ -285,15 +296,16 @@ class _Runner:
                     self.open_store(exact=True)
                     for index, ev in enumerate(self.events):
                         self.index = index
-                        self.note(f"{index:3} {ev}")
+                        self.note(f"{index:3} {ev}  [{self.fs.stats.gated_calls} calls]")
                         self.run_event(ev)
                         self.result.events += 1
                     self.index = len(self.events)
                     self.finish()
                 except Mismatch as failure:
-                    self.result.failure = failure
-                    self.result.failed_at = self.index
-                    self.note(f"FAILED {failure}")
+                    self.fail(failure)
+                except Exception as exc:  # a life's boundary: anything unexpected is a failure
+                    where = _store_frame(exc)
+                    self.fail(Mismatch("exception", f"{type(exc).__name__}: {exc} ({where})"))
                 finally:
                     self.abandon()
         finally:
@@ -304,10 +316,16 @@ class _Runner:
                 self.result.known[Known.LONG_DEDUP_WINDOW.value] += self.model.trimmed
         return self.result
 
+    def fail(self, failure: Mismatch) -> None:
+        """Record the failed check; the life ends."""
+        self.result.failure = failure
+        self.result.failed_at = self.index
+        self.note(f"FAILED {failure}")
+
     def note(self, line: str) -> None:
-        """Add to the trace (kept only when asked for)."""
+        """Add to the trace (kept only when asked for; the work directory reads `<dir>`)."""
         if self.tracing:
-            self.result.trace.append(line)
+            self.result.trace.append(line.replace(str(self.root.parent), "<dir>"))
 
     def run_event(self, ev: Event) -> None:
         """One event, its fault bookkeeping, and the checks after it."""
@@ -321,7 +339,8 @@ class _Runner:
             raise
         except Exception as exc:
             if not self.excused(fired_before):
-                raise Mismatch("exception", f"{ev}: {type(exc).__name__}: {exc}") from exc
+                where = _store_frame(exc)
+                raise Mismatch("exception", f"{ev}: {type(exc).__name__}: {exc} ({where})") from exc
             self.note(f"    excused {type(exc).__name__}: {exc}")
         misuses = self.fs.take_misuses()
         if misuses and Known.ROLLOVER_CLOSES_TWICE in self.known:
@@ -526,7 +545,7 @@ class _Runner:
             )
         else:
             if self.memory is None:
-                self.memory = MemoryStore(dedup_window=self.life.config.dedup_window)
+                self.memory = self.make_memory(self.life.config.dedup_window)
             store = self.memory
         fired_before = self.fs.stats.injected.total()
         try:
@@ -997,6 +1016,10 @@ class _Runner:
             JournalStore.gc = real_gc  # type: ignore[method-assign]
 
 
+def _memory_store(dedup_window: int) -> MemoryStore:
+    return MemoryStore(dedup_window=dedup_window)
+
+
 @contextlib.contextmanager
 def _workdir() -> Iterator[Path]:
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -1014,15 +1037,19 @@ def run_life(
     *,
     trace: bool = False,
     known: frozenset[Known] = ALL_KNOWN,
+    make_memory: Callable[[int], MemoryStore] = _memory_store,
 ) -> LifeResult:
     """Play `life` (or the given events with its configuration) against a fresh store, stepping
-    around the `known` issues."""
+    around the `known` issues. `make_memory` builds the memory store from the dedup window
+    (tests plant faulty ones to see the checks fail)."""
     switch = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         with _workdir() as workdir:
             events = life.events if events is None else events
-            runner = _Runner(kind, life, events, workdir, trace=trace, known=known)
+            runner = _Runner(
+                kind, life, events, workdir, trace=trace, known=known, make_memory=make_memory
+            )
             return runner.run()
     finally:
         sys.setswitchinterval(switch)
@@ -1034,6 +1061,7 @@ def shrink(
     failure: LifeResult,
     budget_s: float,
     known: frozenset[Known] = ALL_KNOWN,
+    make_memory: Callable[[int], MemoryStore] = _memory_store,
 ) -> tuple[list[Event], int]:
     """A shorter event list that fails the same check (delta debugging: drop chunks, then single
     events, while the failure reproduces), within `budget_s`. Returns it and the runs made."""
@@ -1046,7 +1074,7 @@ def shrink(
     def fails(candidate: list[Event]) -> bool:
         nonlocal runs
         runs += 1
-        result = run_life(kind, life, candidate, known=known)
+        result = run_life(kind, life, candidate, known=known, make_memory=make_memory)
         return result.failure is not None and result.failure.check == check
 
     chunks = 2
