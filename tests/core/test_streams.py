@@ -205,6 +205,7 @@ def test_finished_stream_is_not_aborted() -> None:
     _chunks(h, producer, "S", 2)
     producer.close()
     h.loop.run()
+    assert len(link.delivered) == 2
     assert all("x-stream-abort" not in m.headers for _, m, _, _ in link.delivered)
 
 
