@@ -1,9 +1,9 @@
 """A fault-injecting file layer for the journal store: a stand-in for the `os` module.
 
 The journal modules do their file I/O through their module global `os`. `FaultFS.installed()`
-puts a proxy in that global in every module of `sluice.store.journal` (and routes the few
-`Path.unlink` calls of the writer and of recovery through it); the proxy delegates to the real
-module and, as planned, injects faults. LMDB's own I/O is not under this layer.
+puts a proxy in that global in every module of `sluice.store.journal` but the index's (and routes
+the few `Path.unlink` calls of the writer and of recovery through it); the proxy delegates to the
+real module and, as planned, injects faults. LMDB's own I/O is not under this layer.
 
 Calls come in two kinds:
 
@@ -61,6 +61,8 @@ _READS = frozenset({"pread"})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC
 
 Buffer = bytes | bytearray | memoryview
+# LMDB's domain: its one `os` call syncs the clean marker it writes with the builtin `open`.
+_UNPATCHED = frozenset({"sluice.store.journal.index"})
 
 
 class Target(enum.Enum):
@@ -145,8 +147,10 @@ class FaultFS:
         self.image = image
         self.capacity_bytes: int | None = None
         self.stats = FaultStats()
-        self.crashed = False
+        self._crashed = False
         self.dead = False
+        # What the journal modules see as `os` while the layer is installed.
+        self.proxy = OsProxy(self)
         # Faults that fired since `take_fired()`: (kind, call, path).
         self.fired: list[tuple[FaultKind, str, str]] = []
         # Misuses of descriptors the layer refused (a close of one the store does not hold).
@@ -155,6 +159,8 @@ class FaultFS:
         self.leaked_fds = 0
         self._lock = threading.RLock()
         self._fds: dict[int, str] = {}
+        # Numbers the store closed through the layer and has not opened again.
+        self._closed: set[int] = set()
         self._volatile: dict[str, list[_Undo]] = {}
         self._poisoned: dict[str, list[_Undo]] = {}
         self._fault: Fault | None = None
@@ -188,6 +194,10 @@ class FaultFS:
             self._crash = plan
             self._crash_left = max(1, plan.after)
 
+    def crashed(self) -> bool:
+        """Whether the simulated process died (until `revive`)."""
+        return self._crashed
+
     @property
     def crash_armed(self) -> bool:
         """Whether a crash waits for its call."""
@@ -205,7 +215,7 @@ class FaultFS:
         directory the image replaces), and forget what was unsynced."""
         with self._lock:
             self.dead = False
-            self.crashed = False
+            self._crashed = False
             self._crash = None
             self._fault = None
             self._enospc_next = False
@@ -274,7 +284,7 @@ class FaultFS:
         if power:
             self._lose_unsynced()
         self.stats.crashes += 1
-        self.crashed = True
+        self._crashed = True
         self.dead = True
 
     def _lose_unsynced(self) -> None:
@@ -320,6 +330,7 @@ class FaultFS:
         fd = os.open(name, flags, mode)
         with self._lock:
             self._fds[fd] = os.path.abspath(name)
+            self._closed.discard(fd)
         return fd
 
     def close(self, fd: int) -> None:
@@ -332,7 +343,23 @@ class FaultFS:
                     f"{_caller()}: close of descriptor {fd}, which the store does not hold"
                 )
                 return
+            self._closed.add(fd)
         os.close(fd)
+
+    def _held(self, call: str, fd: int) -> str:
+        """The path of a descriptor the store holds ("" for one it never opened through the
+        layer). One it closed already (its number maybe another file's now, LMDB's say) is a
+        misuse: recorded, and refused with EBADF, as the system refuses a number nobody holds,
+        so the store never writes into another file."""
+        path = self._fds.get(fd)
+        if path is not None:
+            return path
+        if fd in self._closed:
+            self.misuses.append(
+                f"{_caller()}: {call} on descriptor {fd}, which the store closed already"
+            )
+            raise OSError(errno.EBADF, f"Bad file descriptor (closed already: {fd})")
+        return ""
 
     def take_misuses(self) -> list[str]:
         """The misuses recorded since the last call."""
@@ -353,8 +380,8 @@ class FaultFS:
     def write_at(self, call: str, fd: int, buffers: Sequence[Buffer], offset: int | None) -> int:
         """`pwritev`, `pwrite` and `write`: faults, crash tears, disk capacity, undo tracking."""
         data = b"".join(bytes(b) for b in buffers)
-        path = self._fds.get(fd, "")
         with self._lock:
+            path = self._held(call, fd)
             fault, crash = self._gate(call)
             if offset is None:
                 offset = os.lseek(fd, 0, os.SEEK_CUR)
@@ -408,8 +435,8 @@ class FaultFS:
 
     def sync(self, call: str, fd: int) -> None:
         """`fsync` and `fdatasync`: a failed sync loses its file's unsynced bytes at power loss."""
-        path = self._fds.get(fd, "")
         with self._lock:
+            path = self._held(call, fd)
             fault, crash = self._gate(call)
             if crash is not None:
                 self._die(crash.power)
@@ -449,9 +476,9 @@ class FaultFS:
     def pread(self, fd: int, length: int, offset: int) -> bytes:
         """`os.pread`, which a READ fault fails with EIO."""
         with self._lock:
+            path = self._held("pread", fd)
             fault = self._match("pread")
             if fault is not None:
-                path = self._fds.get(fd, "")
                 self._note(fault, "pread", path)
                 raise _error(FaultKind.EIO, path)
         return os.pread(fd, length, offset)
@@ -462,7 +489,7 @@ class FaultFS:
     def installed(self) -> Iterator[None]:
         """Put the proxy in every journal module that uses `os`, route the writer's and
         recovery's `Path.unlink` through it, and use `InlinePreallocator`."""
-        proxy = OsProxy(self)
+        proxy = self.proxy
         saved: list[tuple[Any, str, Any]] = []
 
         def patch(module: Any, name: str, value: Any) -> None:
@@ -470,7 +497,11 @@ class FaultFS:
             setattr(module, name, value)
 
         for name, module in list(sys.modules.items()):
-            if name.startswith("sluice.store.journal.") and getattr(module, "os", None) is os:
+            if (
+                name.startswith("sluice.store.journal.")
+                and name not in _UNPATCHED
+                and getattr(module, "os", None) is os
+            ):
                 patch(module, "os", proxy)
         gated_path = _gated_path_class(self)
         for name in ("sluice.store.journal.writer", "sluice.store.journal.recovery"):
@@ -557,6 +588,8 @@ class OsProxy:
 
     def ftruncate(self, fd: int, length: int) -> None:
         """`os.ftruncate`."""
+        with self._fs._lock:
+            self._fs._held("ftruncate", fd)
         self._fs.meta("ftruncate", lambda: os.ftruncate(fd, length), fd)
 
     def pread(self, fd: int, length: int, offset: int) -> bytes:
@@ -616,7 +649,7 @@ class InlinePreallocator:
         if self._ready != file_no:
             return False
         self._ready = 0
-        journal_files.os.rename(self._spare(file_no), target)
+        vars(journal_files)["os"].rename(self._spare(file_no), target)
         return True
 
     def stop(self) -> None:

@@ -204,10 +204,13 @@ class Model:
             dm.msgs[seq] = replace(dm.msgs[seq], sure=False, group=0)
 
     def _doubt_group(self, dest: str, seqs: Iterable[int]) -> None:
+        """One record in doubt removes these: the ones surely there go or stay together; one
+        already in doubt may be missing for its own reason, so it stays a doubt of its own."""
         dm = self.dests[dest]
         group = next(self._groups)
         for seq in seqs:
-            dm.msgs[seq] = replace(dm.msgs[seq], sure=False, group=group, added=False)
+            e = dm.msgs[seq]
+            dm.msgs[seq] = replace(e, sure=False, group=group if e.sure else 0, added=False)
 
     def remove_range(self, dest: str, upto: int, state: WriteState) -> None:
         """A remove_range finished."""
@@ -272,7 +275,8 @@ class Model:
                 del dm.msgs[seq]
                 dm.gone[seq] = f"acknowledged in transaction {tx.txid}"
             else:
-                dm.msgs[seq] = replace(dm.msgs[seq], sure=False, group=group, added=False)
+                e = dm.msgs[seq]
+                dm.msgs[seq] = replace(e, sure=False, group=group if e.sure else 0, added=False)
 
     def abort(self, slot: int) -> None:
         """A transaction was aborted."""

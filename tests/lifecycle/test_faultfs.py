@@ -34,7 +34,7 @@ def fs(tmp_path: Path) -> Iterator[FaultFS]:
 
 def journal_file(fs: FaultFS, name: str = "db-1.log") -> tuple[int, Path]:
     path = fs.root / "journal" / name
-    return files.os.open(path, os.O_RDWR | os.O_CREAT, 0o644), path
+    return fs.proxy.open(path, os.O_RDWR | os.O_CREAT, 0o644), path
 
 
 def image_bytes(fs: FaultFS, path: Path) -> bytes:
@@ -43,18 +43,18 @@ def image_bytes(fs: FaultFS, path: Path) -> bytes:
 
 def test_the_journal_modules_use_the_proxy_while_installed(tmp_path: Path) -> None:
     layer = FaultFS(tmp_path, tmp_path / "image")
-    assert files.os is os
+    assert vars(files)["os"] is os
     with layer.installed():
-        assert files.os is not os
-        assert files.os.O_RDWR == os.O_RDWR  # everything else is the real module's
-    assert files.os is os
+        assert vars(files)["os"] is layer.proxy
+        assert layer.proxy.O_RDWR == os.O_RDWR  # everything else is the real module's
+    assert vars(files)["os"] is os
 
 
 def test_a_short_write_is_counted_and_write_all_finishes_it(fs: FaultFS) -> None:
     fd, path = journal_file(fs)
     fs.arm_fault(Fault(FaultKind.SHORT, Target.WRITE, after=1, fraction=0.25))
     assert files.write_all(fd, [b"a" * 100, b"b" * 100], 0) == 200
-    files.os.close(fd)
+    fs.proxy.close(fd)
     assert path.read_bytes() == b"a" * 100 + b"b" * 100
     assert fs.stats.injected == {"short": 1}
     assert [(kind, call) for kind, call, _ in fs.take_fired()] == [(FaultKind.SHORT, "pwritev")]
@@ -66,7 +66,7 @@ def test_a_write_that_fills_the_disk_lands_part_then_fails(fs: FaultFS) -> None:
     files.write_all(fd, [b"x" * 10], 0)
     with pytest.raises(OSError) as raised:
         files.write_all(fd, [b"y" * 10], 10)
-    files.os.close(fd)
+    fs.proxy.close(fd)
     assert raised.value.errno == errno.ENOSPC
     assert path.read_bytes() == b"x" * 10 + b"y" * 5
 
@@ -75,13 +75,13 @@ def test_sync_and_meta_faults_raise_their_errno(fs: FaultFS) -> None:
     fd, path = journal_file(fs)
     fs.arm_fault(Fault(FaultKind.EIO, Target.SYNC))
     with pytest.raises(OSError) as raised:
-        files.os.fdatasync(fd)
+        fs.proxy.fdatasync(fd)
     assert raised.value.errno == errno.EIO
-    files.os.fdatasync(fd)  # one-shot
-    files.os.close(fd)
+    fs.proxy.fdatasync(fd)  # one-shot
+    fs.proxy.close(fd)
     fs.arm_fault(Fault(FaultKind.ENOSPC, Target.META))
     with pytest.raises(OSError) as raised:
-        files.os.rename(path, path.with_suffix(".moved"))
+        fs.proxy.rename(path, path.with_suffix(".moved"))
     assert raised.value.errno == errno.ENOSPC
     assert path.exists()
 
@@ -92,13 +92,13 @@ def test_a_crash_images_the_disk_at_its_call_and_kills_every_later_one(fs: Fault
     files.write_all(fd, [b"first"], 0)
     with pytest.raises(SimulatedCrash):
         files.write_all(fd, [b"second"], 5)
-    assert fs.crashed
+    assert fs.crashed()
     assert image_bytes(fs, path) == b"first"
     with pytest.raises(SimulatedCrash):
-        files.os.fsync(fd)
+        fs.proxy.fsync(fd)
     fs.revive()
     files.write_all(fd, [b"after"], 5)
-    files.os.close(fd)
+    fs.proxy.close(fd)
     assert path.read_bytes() == b"firstafter"
     assert fs.stats.crashes == 1
 
@@ -109,21 +109,21 @@ def test_a_torn_crash_lands_part_of_its_write(fs: FaultFS) -> None:
     with pytest.raises(SimulatedCrash):
         files.write_all(fd, [b"0123456789"], 0)
     fs.revive()
-    files.os.close(fd)
+    fs.proxy.close(fd)
     assert image_bytes(fs, path) == b"01234"
 
 
 def test_power_loss_drops_what_was_not_synced(fs: FaultFS) -> None:
     fd, path = journal_file(fs)
     files.write_all(fd, [b"synced.."], 0)
-    files.os.fdatasync(fd)
+    fs.proxy.fdatasync(fd)
     files.write_all(fd, [b"lost"], 8)
     files.write_all(fd, [b"S"], 0)  # an unsynced overwrite is undone too
     fs.arm_crash(CrashPlan(after=1, power=True))
     with pytest.raises(SimulatedCrash):
-        files.os.fdatasync(fd)
+        fs.proxy.fdatasync(fd)
     fs.revive()
-    files.os.close(fd)
+    fs.proxy.close(fd)
     assert image_bytes(fs, path) == b"synced.."
     assert path.read_bytes() == b"Synced..lost"
 
@@ -131,16 +131,16 @@ def test_power_loss_drops_what_was_not_synced(fs: FaultFS) -> None:
 def test_bytes_a_failed_sync_covered_stay_lost_after_a_later_sync(fs: FaultFS) -> None:
     fd, path = journal_file(fs)
     files.write_all(fd, [b"kept"], 0)
-    files.os.fdatasync(fd)
+    fs.proxy.fdatasync(fd)
     files.write_all(fd, [b"gone"], 4)
     fs.arm_fault(Fault(FaultKind.EIO, Target.SYNC))
     with pytest.raises(OSError):
-        files.os.fdatasync(fd)
-    files.os.fdatasync(fd)  # succeeds, but the kernel has dropped those pages already
+        fs.proxy.fdatasync(fd)
+    fs.proxy.fdatasync(fd)  # succeeds, but the kernel has dropped those pages already
     fs.arm_crash(CrashPlan(after=1_000, power=True))
     fs.crash_now()
     fs.revive()
-    files.os.close(fd)
+    fs.proxy.close(fd)
     assert image_bytes(fs, path) == b"kept"
 
 
@@ -155,23 +155,28 @@ def test_a_full_disk_writes_what_fits_then_refuses(fs: FaultFS) -> None:
     files.write_all(fd, [b"o" * 50], 0)  # overwriting needs no room
     fs.capacity_bytes = None
     files.write_all(fd, [b"w" * 50], 130)
-    files.os.close(fd)
+    fs.proxy.close(fd)
 
 
 def test_closing_a_descriptor_not_held_is_refused_and_recorded(fs: FaultFS) -> None:
     fd, _path = journal_file(fs)
-    files.os.close(fd)
+    fs.proxy.close(fd)
     reused = os.open(fs.root / "journal" / "other", os.O_RDWR | os.O_CREAT, 0o644)
-    files.os.close(fd)  # the store's stale number: maybe `reused` by now
+    fs.proxy.close(fd)  # the store's stale number: maybe `reused` by now
     assert len(fs.take_misuses()) == 1
-    os.fstat(reused)  # still open: the layer did not close it
+    with pytest.raises(OSError) as raised:
+        files.write_all(fd, [b"into someone else's file?"], 0)
+    assert raised.value.errno == errno.EBADF
+    assert len(fs.take_misuses()) == 1
+    os.fstat(reused)  # still open, and untouched: the layer refused both
+    assert os.pread(reused, 100, 0) == b""
     os.close(reused)
 
 
 def test_descriptors_left_open_are_closed_and_counted(tmp_path: Path) -> None:
     layer = FaultFS(tmp_path, tmp_path / "image")
     with layer.installed():
-        fd = files.os.open(tmp_path / "x", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = layer.proxy.open(tmp_path / "x", os.O_RDWR | os.O_CREAT, 0o644)
     assert layer.leaked_fds == 1
     with pytest.raises(OSError):
         os.fstat(fd)
