@@ -13,9 +13,14 @@ the bugs a life steps around by default (`store_sim.Known`). See docs/store-simu
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
+import os
 import random
 import time
 from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 
 import pytest
 
@@ -23,14 +28,8 @@ from sluice.store.journal import files
 from sluice.store.memory import MemoryStore
 
 from .sim_events import Event, Kind, generate
-from .store_sim import (
-    ALL_KNOWN,
-    Known,
-    StoreKind,
-    run_life,
-    shrink,
-    simulate,
-)
+from .sim_harness import ALL_KNOWN, Known, StoreKind
+from .store_sim import run_life, shrink, simulate
 
 # Journal seeds that fail on store bugs not fixed yet (each has a test below).
 FAILING_JOURNAL_SEEDS = {
@@ -331,37 +330,68 @@ def test_failing_seed(seed: int, events: list[str] | None, check: str, symptom: 
 # -- as long as asked ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """What a worker sends back about one life (plain data: it crosses processes)."""
+
+    kind: str
+    events: int
+    faults: dict[str, int]
+    known: dict[str, int]
+    crashes: int
+    failure: str
+
+
+def _quiet_worker() -> None:
+    """Workers keep the store's log to themselves (a failure's report says what matters)."""
+    logging.getLogger("sluice").addHandler(logging.NullHandler())
+    logging.getLogger("sluice").propagate = False
+
+
+def _one_life(kind: StoreKind, seed: int) -> _Outcome:
+    report = simulate(kind, seed, shrink_s=60.0)
+    r = report.result
+    return _Outcome(kind.value, r.events, dict(r.faults), dict(r.known), r.crashes, report.text)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(0)
 def test_random_lives_for_minutes(request: pytest.FixtureRequest) -> None:
-    """Random seeds against both stores (the journal four times as often) for `--sim-minutes`
-    (1 if not given); prints what ran and every failure with its seed and shrunk events."""
+    """Random seeds against both stores (the journal four times out of five) for
+    `--sim-minutes` (1 if not given), one worker process per CPU; prints what ran and every
+    failure with its seed and shrunk events."""
     minutes = float(request.config.getoption("sim_minutes") or 1.0)
-    deadline = time.monotonic() + minutes * 60
-    started = time.monotonic()
+    workers = os.cpu_count() or 1
     rng = random.SystemRandom()
+    started = time.monotonic()
+    deadline = started + minutes * 60
     lives: Counter[str] = Counter()
-    events = 0
+    events = crashes = 0
     faults: Counter[str] = Counter()
     known: Counter[str] = Counter()
-    crashes = 0
     failures: list[str] = []
-    while time.monotonic() < deadline:
-        kind = StoreKind.MEMORY if rng.random() < 0.2 else StoreKind.JOURNAL
-        seed = rng.randrange(1 << 32)
-        report = simulate(kind, seed, shrink_s=60.0)
-        lives[kind.value] += 1
-        events += report.result.events
-        faults.update(report.result.faults)
-        known.update(report.result.known)
-        crashes += report.result.crashes
-        if report.failed:
-            failures.append(report.text)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_quiet_worker) as pool:
+        running: set[Future[_Outcome]] = set()
+        while running or time.monotonic() < deadline:
+            while time.monotonic() < deadline and len(running) < 2 * workers:
+                kind = StoreKind.MEMORY if rng.random() < 0.2 else StoreKind.JOURNAL
+                running.add(pool.submit(_one_life, kind, rng.randrange(1 << 32)))
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                outcome = future.result()
+                lives[outcome.kind] += 1
+                events += outcome.events
+                crashes += outcome.crashes
+                faults.update(outcome.faults)
+                known.update(outcome.known)
+                if outcome.failure:
+                    failures.append(outcome.failure)
     took = (time.monotonic() - started) / 60
     total = sum(lives.values())
     print(
-        f"\nstore lifecycle: {total} lives ({dict(lives)}) in {took:.1f} min: "
-        f"{total / took:.0f} lives/min, {events / took:.0f} events/min, "
+        f"\nstore lifecycle: {total} lives ({dict(lives)}) in {took:.1f} min on {workers} "
+        f"processes: {total / took:.0f} lives/min, {events / took:.0f} events/min, "
         f"{sum(faults.values()) / took:.0f} faults injected/min ({dict(faults)}), "
         f"{crashes} crashes, known issues met {dict(known)}, {len(failures)} failures"
     )
