@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,8 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 DEFAULT_BROKER = "127.0.0.1:61613"
+# A stopping broker exits within this, whatever state its disk is in.
+SHUTDOWN_TIMEOUT_S = 8.0
 
 
 class _UsageError(Exception):
@@ -171,6 +175,12 @@ def _run_broker(args: argparse.Namespace) -> int:
 
         server = BrokerServer(cfg)
         await server.start()
+        # Until here a signal ends the process at once (a start is recovery: nothing to lose);
+        # from the line that says the broker listens, it stops the broker cleanly.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         print(
             f"sluice {__version__} listening on {cfg.stomp.host}:{server.port} "
             f"(store: {cfg.store.kind.value}"
@@ -179,15 +189,27 @@ def _run_broker(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        # Whatever the disk does, the broker is gone within SHUTDOWN_TIMEOUT_S: past it, it
+        # exits as after a crash (the next start replays the journal from its last checkpoint).
+        watchdog = threading.Timer(SHUTDOWN_TIMEOUT_S, _stop_now)
+        watchdog.daemon = True
+        watchdog.start()
         await server.stop()
+        watchdog.cancel()
 
     asyncio.run(serve())
     return EXIT_OK
+
+
+def _stop_now() -> None:
+    log.error(
+        "the broker did not stop within %.0f s; exiting now (the next start recovers from the "
+        "journal)",
+        SHUTDOWN_TIMEOUT_S,
+    )
+    logging.shutdown()
+    os._exit(EXIT_FAILURE)
 
 
 def _parse_headers(items: Sequence[str]) -> dict[str, str]:

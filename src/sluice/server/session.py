@@ -19,15 +19,28 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from sluice.core.broker import FlowReason
-from sluice.core.connection import BrokerConnection
+from sluice.core.connection import BrokerConnection, SubscribeOptions
 from sluice.core.message import AckMode, Message
 from sluice.core.subscription import Subscription
 from sluice.core.topic import Topic
-from sluice.errors import LimitExceeded, RemoteProtocolError, RequestError, StoreUnavailableError
+from sluice.errors import (
+    DiskFullError,
+    LimitExceeded,
+    RemoteProtocolError,
+    RequestError,
+    StoreFullError,
+    StoreUnavailableError,
+)
 from sluice.server.flow import FlowControl, ReadPause
 from sluice.server.frames import build_message, encode_common_headers, parse_int_header
 from sluice.server.outbound import Outbound
-from sluice.server.receipts import PendingReceipt, ReceiptQueue, receipt_frame
+from sluice.server.receipts import (
+    PendingReceipt,
+    ReceiptQueue,
+    not_committed_message,
+    not_stored_message,
+    receipt_frame,
+)
 from sluice.stomp.connection import ConnState, Role, StompConnection
 from sluice.stomp.encoding import escape_value
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
@@ -53,6 +66,7 @@ class CloseReason(enum.Enum):
     SHUTDOWN = "shutdown"
     INTERNAL_ERROR = "internal_error"
     STORE_FAILURE = "store_failure"
+    STORE_FULL = "store_full"
 
 
 _FLOW_TO_PAUSE = {
@@ -244,7 +258,9 @@ class StompSession(asyncio.Protocol):
             handler = self._handlers[command]
             handler(self, core, frame, receipt)
         except (RequestError, LimitExceeded) as exc:
-            if isinstance(exc, LimitExceeded):
+            if isinstance(exc, StoreFullError):
+                reason = CloseReason.STORE_FULL
+            elif isinstance(exc, LimitExceeded):
                 reason = CloseReason.LIMIT
             elif isinstance(exc, StoreUnavailableError):
                 reason = CloseReason.STORE_FAILURE
@@ -298,8 +314,11 @@ class StompSession(asyncio.Protocol):
             entry = self._receipts.add(receipt, done=False)
 
             def stored(handle: WriteHandle | None) -> None:
-                if handle is not None and handle.error is not None:
-                    self._receipt_failed(entry, _NOT_STORED)
+                error = handle.error if handle is not None else None
+                if error is not None:
+                    full = isinstance(error, DiskFullError)
+                    reason = CloseReason.STORE_FULL if full else CloseReason.STORE_FAILURE
+                    self._receipt_failed(entry, not_stored_message(error), reason)
                     return
                 entry.done = True
                 self._flush_receipts()
@@ -318,10 +337,7 @@ class StompSession(asyncio.Protocol):
         if mode is None:
             raise RequestError(f"unknown ack mode {h.get('ack')!r} in SUBSCRIBE")
         prefetch = parse_int_header(h, "activemq.prefetchSize", minimum=1)
-        sub = core.subscribe(
-            sub_id,
-            destination,
-            mode,
+        options = SubscribeOptions(
             prefetch=prefetch,
             prefetch_bytes=parse_int_header(h, "x-prefetch-bytes", minimum=0) or 0,
             selector=h.get("selector"),
@@ -330,6 +346,7 @@ class StompSession(asyncio.Protocol):
             durable_name=h.get("activemq.subscriptionName"),
             offset=h.get("x-offset"),
         )
+        sub = core.subscribe(sub_id, destination, mode, options)
         escaped = (
             escape_value(sub_id, self._version) if self._version is not Version.V1_0 else sub_id
         )
@@ -405,7 +422,7 @@ class StompSession(asyncio.Protocol):
             self._flush_receipts()
 
         def failed() -> None:
-            self._receipt_failed(entry, _NOT_COMMITTED)
+            self._receipt_failed(entry, not_committed_message(self.broker.store_failure))
 
         core.commit(frame.headers["transaction"], done, failed)
 
@@ -444,7 +461,12 @@ class StompSession(asyncio.Protocol):
         else:
             self.outbound.write(receipt_frame(receipt_id, extra_headers, self._version))
 
-    def _receipt_failed(self, entry: PendingReceipt, message: str) -> None:
+    def _receipt_failed(
+        self,
+        entry: PendingReceipt,
+        message: str,
+        reason: CloseReason = CloseReason.STORE_FAILURE,
+    ) -> None:
         """The store failed to write what `entry` waits for: the receipts before it go out, then
         an ERROR for it (never a RECEIPT), and the connection closes."""
         if self._closing:
@@ -455,7 +477,7 @@ class StompSession(asyncio.Protocol):
                 self.outbound.write(
                     receipt_frame(done.receipt_id, done.extra_headers, self._version)
                 )
-        self._fail(CloseReason.STORE_FAILURE, message, receipt_id=entry.receipt_id)
+        self._fail(reason, message, receipt_id=entry.receipt_id)
 
     def _flush_receipts(self) -> None:
         disconnect = False
@@ -605,10 +627,6 @@ class StompSession(asyncio.Protocol):
         self._timer = self._slow_timer = None
         if self.core is not None:
             self.core.close()
-
-
-_NOT_STORED = "the message was not stored: the message store failed (see the broker log)"
-_NOT_COMMITTED = "the transaction was not committed: the message store failed (see the broker log)"
 
 
 def _ignore(handle: WriteHandle | None) -> None:
