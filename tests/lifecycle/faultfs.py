@@ -7,9 +7,10 @@ real module and, as planned, injects faults. LMDB's own I/O is not under this la
 
 Calls come in two kinds:
 
-- gated calls change the disk: `pwritev`, `pwrite`, `write`, `fsync`, `fdatasync`, `rename`,
-  `replace`, `unlink`, `truncate`, `ftruncate` and `open` for writing. They are counted, and a
-  crash or a fault is placed by that count ("the 7th gated call from now");
+- gated calls change the disk: `pwritev`, `pwrite`, `write`, `posix_fallocate`, `fsync`,
+  `fdatasync`, `rename`, `replace`, `unlink`, `truncate`, `ftruncate` and `open` for writing.
+  They are counted, and a crash or a fault is placed by that count ("the 7th gated call from
+  now");
 - reads (`pread`) can be made to fail with EIO; every other call passes straight through.
 
 Faults (`Fault`, one-shot): ENOSPC or EIO from a call; a short write (part of the bytes written and
@@ -27,12 +28,13 @@ Unsynced bytes are tracked for the current run of the store only (reset by `forg
 
 Disk: `capacity_bytes` bounds the files under the data directory other than the index; a write
 that would grow them past it writes what fits and returns that count, and the next one fails with
-ENOSPC (the index is not counted: LMDB's writes are not under this layer).
+ENOSPC; `posix_fallocate` beyond it fails with ENOSPC; `statvfs` reports the room that is left
+(the index is not counted: LMDB's writes are not under this layer).
 
 Determinism: the store's preallocator thread would make the order of calls depend on timing, so
-`installed()` also swaps it for `InlinePreallocator`, which prepares the next file on the calling
-thread (at open and at each rollover). With writes submitted while the writer is paused, the
-sequence of gated calls of a life is then the same at every run.
+`installed()` swaps it for `InlinePreallocator`, the same class without the thread: it prepares
+the next file at once on the thread that asks. With a step's writes submitted while the writer is
+held, the sequence of gated calls of a life is then the same at every run.
 """
 
 from __future__ import annotations
@@ -52,9 +54,10 @@ from pathlib import Path, PosixPath
 from typing import Any
 
 import sluice.store.journal.tools  # noqa: F401  (imports every journal module the layer patches)
+from sluice.errors import StoreError
 from sluice.store.journal import files as journal_files
 
-_WRITES = frozenset({"pwritev", "pwrite", "write"})
+_WRITES = frozenset({"pwritev", "pwrite", "write", "posix_fallocate"})
 _SYNCS = frozenset({"fsync", "fdatasync"})
 _META = frozenset({"open", "rename", "replace", "unlink", "truncate", "ftruncate"})
 _READS = frozenset({"pread"})
@@ -433,6 +436,37 @@ class FaultFS:
                 self._volatile.setdefault(path, []).append(_Undo(offset, old, old_size))
         return os.pwrite(fd, data, offset)
 
+    def fallocate(self, fd: int, offset: int, length: int) -> None:
+        """`posix_fallocate`: claims space, so the disk's capacity applies (all or nothing)."""
+        with self._lock:
+            path = self._held("posix_fallocate", fd)
+            fault, crash = self._gate("posix_fallocate")
+            if crash is not None:
+                self._die(crash.power)
+                raise SimulatedCrash
+            if fault is not None and fault.kind is not FaultKind.SHORT:
+                self._note(fault, "posix_fallocate", path)
+                kind = FaultKind.EIO if fault.kind is FaultKind.EIO else FaultKind.ENOSPC
+                raise _error(kind, path)
+            size = os.fstat(fd).st_size
+            if self._fits(fd, offset, length) < length:
+                raise OSError(errno.ENOSPC, "No space left on device (disk full)", path)
+            if path and self._tracked(path) and offset + length > size:
+                self._volatile.setdefault(path, []).append(_Undo(size, b"", size))
+            os.posix_fallocate(fd, offset, length)
+
+    def statvfs(self, path: Any) -> os.statvfs_result:
+        """`os.statvfs`, whose free space is what the disk's capacity leaves."""
+        real = os.statvfs(path)
+        with self._lock:
+            if self.capacity_bytes is None:
+                return real
+            room = max(0, self.capacity_bytes - self.used_bytes())
+        blocks = room // real.f_frsize
+        fields = list(real)
+        fields[3] = fields[4] = blocks  # f_bfree, f_bavail
+        return os.statvfs_result(fields)
+
     def sync(self, call: str, fd: int) -> None:
         """`fsync` and `fdatasync`: a failed sync loses its file's unsynced bytes at power loss."""
         with self._lock:
@@ -524,6 +558,22 @@ def _caller() -> str:
     return "?"
 
 
+class InlinePreallocator(journal_files.Preallocator):
+    """The store's preallocator without its helper thread: the next data file is still prepared
+    ahead (a spare is on the disk between rollovers, as in production), but at once, on the
+    thread that asks (at open and after each rollover), so the calls come in a fixed order. A
+    file that cannot be made is tried again when rollover needs it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["ahead"] = False
+        super().__init__(*args, **kwargs)
+
+    def prepare(self, file_no: int) -> None:
+        """Make `file_no`'s spare now (its failure is kept in `error`, as the helper keeps it)."""
+        with contextlib.suppress(StoreError):
+            self.ensure(file_no)
+
+
 def _error(kind: FaultKind, path: str) -> OSError:
     if kind is FaultKind.ENOSPC:
         return OSError(errno.ENOSPC, "No space left on device (injected)", path)
@@ -561,6 +611,14 @@ class OsProxy:
         written = self._fs.write_at("write", fd, (data,), None)
         os.lseek(fd, written, os.SEEK_CUR)
         return written
+
+    def posix_fallocate(self, fd: int, offset: int, length: int) -> None:
+        """`os.posix_fallocate`."""
+        self._fs.fallocate(fd, offset, length)
+
+    def statvfs(self, path: Any) -> os.statvfs_result:
+        """`os.statvfs`."""
+        return self._fs.statvfs(path)
 
     def fsync(self, fd: int) -> None:
         """`os.fsync`."""
@@ -616,42 +674,3 @@ def _wrap_file_path(path_class: type[PosixPath]) -> Callable[[Path, int], Path]:
         return path_class(journal_files.file_path(journal_dir, file_no))
 
     return file_path
-
-
-class InlinePreallocator:
-    """`files.Preallocator` without its thread: the next file is prepared on the calling thread
-    when it is asked for (at open and at each rollover), so the calls happen in a fixed order.
-    A failure is swallowed as the real one does; rollover then creates the file itself."""
-
-    def __init__(self, journal_dir: Path, store_id: bytes, file_bytes: int) -> None:
-        self._dir = journal_dir
-        self._store_id = store_id
-        self._file_bytes = file_bytes
-        self._ready = 0
-
-    def _spare(self, file_no: int) -> Path:
-        return self._dir / f"db-{file_no}.log.spare"
-
-    def prepare(self, file_no: int) -> None:
-        """Make `file_no`'s spare now."""
-        if self._ready == file_no:
-            return
-        try:
-            journal_files.create_file(
-                self._spare(file_no), file_no, self._store_id, self._file_bytes
-            )
-        except OSError:
-            return
-        self._ready = file_no
-
-    def take(self, file_no: int, target: Path) -> bool:
-        """Rename the spare to `target` if it is `file_no`'s."""
-        if self._ready != file_no:
-            return False
-        self._ready = 0
-        vars(journal_files)["os"].rename(self._spare(file_no), target)
-        return True
-
-    def stop(self) -> None:
-        """Delete an unused spare."""
-        journal_files.remove_spares(self._dir)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -23,7 +22,6 @@ from sluice.store.api import (
     DEDUP_HEADER,
     StoredMessage,
     WriteHandle,
-    WriteState,
 )
 from sluice.store.journal.index import Index
 from sluice.store.journal.store import JournalStore
@@ -37,7 +35,7 @@ from .sim_events import (
     OPT_NOT_PERSISTENT,
     Event,
 )
-from .sim_model import Mismatch
+from .sim_model import Mismatch, Outcome
 
 HOLD_S = 60.0  # the sink never holds the writer longer than this
 SWITCH_INTERVAL_S = 0.0002  # the main thread and the writer hand over constantly: switch fast
@@ -52,12 +50,6 @@ class Known(enum.Enum):
     # reports (and keeps pinned) what the index holds without trimming it to the window.
     # Tolerated: only the newest `dedup_window` ids of a recovered window are compared.
     LONG_DEDUP_WINDOW = "long-dedup-window"
-    # `HeadFile.rollover` closes the head descriptor, then fails to start the next file and
-    # keeps the closed number. `close()` closes it again, and when the failure did not fail the
-    # writer (a rollover in compaction or in a requested checkpoint), the next batch is written
-    # to it: by then the number may be another file's. Tolerated: the fault layer refuses every
-    # use of a descriptor the store does not hold (EBADF), so the store then fails.
-    ROLLOVER_CLOSES_TWICE = "rollover-closes-twice"
     # `mark_dispatched(dest, 0)` pins its file for ever: compaction re-asserts the destination
     # (DEST_STATE) but a zero mark does not move the pin, so every collection rewrites it and
     # `sluice store compact` never ends. Stepped around: marks are at least 1, as the core's.
@@ -75,8 +67,6 @@ class Known(enum.Enum):
 
 
 ALL_KNOWN = frozenset(Known)
-# How the fault layer names a use of the head file's stale descriptor.
-HEAD_MISUSE = re.compile(r"files\.py:\d+ in (close|rollover|sync|write_all|_zero_fill): ")
 
 
 class StoreKind(enum.Enum):
@@ -139,8 +129,10 @@ class Op:
     complete WRITTEN even on a store that has failed."""
 
     handle: WriteHandle
-    effect: Callable[[WriteState], None]
+    effect: Callable[[Outcome], None]
     writes: bool = True
+    # A plain add or remove: the journal may refuse it (no room, nothing written) and go on.
+    refusable: bool = False
 
 
 @dataclass
@@ -222,15 +214,15 @@ def release_store(store: MemoryStore | JournalStore) -> bool:
     if not isinstance(store, JournalStore):
         return False
     index = store._index
-    if store._writer is None or index is None:
+    if index is None or not env_open(index):
         return False
     with contextlib.suppress(Exception):
-        index.close(clean=False)
-    store._writer = None
+        index.abort()
+    index.env.close()
     return True
 
 
-def noop(_state: WriteState) -> None:
+def noop(_state: Outcome) -> None:
     """An outcome that changes nothing in the model."""
 
 

@@ -1,9 +1,12 @@
 """The model of a simulated store: plain data of what must, may and must not be stored.
 
-Every store operation is applied to the model with the final state of its write handle:
+Every store operation is applied to the model with its outcome (`Outcome`, from the final state
+of its write handle):
 
 - WRITTEN: its effect is certain (a message surely present, surely gone, a cursor surely moved);
 - CANCELLED: an add cancelled by the remove that followed it: it never existed;
+- REFUSED: the journal found no room for its batch before writing any of it and went on: it
+  never happened (only plain adds and removes are refused; anything else fails the store);
 - FAILED: its effect is in doubt until the next open says which way it went. A message in doubt
   may be there or not, but if it is there it is exactly the message that was sent. The effects of
   one transaction commit (or one remove_range, one destination delete) in doubt form a group:
@@ -15,16 +18,26 @@ and raises `Mismatch` naming the check that failed; `resolve` then makes the mod
 
 from __future__ import annotations
 
+import enum
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from sluice.store.api import RecoveredSubscription, Recovery, StoredMessage, WriteState
+from sluice.store.api import RecoveredSubscription, Recovery, StoredMessage
 
 from .sim_events import ALL_DESTS
 
 SubState = tuple[str, str | None, int]  # destination, selector, cursor
+
+
+class Outcome(enum.Enum):
+    """How an operation ended, as the model sees it."""
+
+    WRITTEN = "written"
+    CANCELLED = "cancelled"
+    REFUSED = "refused"
+    FAILED = "failed"
 
 
 class Mismatch(Exception):
@@ -175,31 +188,35 @@ class Model:
     # -- applying operations ---------------------------------------------------------------------
 
     def add(
-        self, dest: str, seq: int, fields: Fields, dedup_id: str | None, state: WriteState
+        self, dest: str, seq: int, fields: Fields, dedup_id: str | None, state: Outcome
     ) -> None:
         """A non-transacted add finished."""
         dm = self.dests[dest]
         dm.touch()
-        if state is WriteState.WRITTEN:
+        if state is Outcome.WRITTEN:
             dm.msgs[seq] = Expect(fields)
             dm.low = max(dm.low, seq)
             dm.settled = max(dm.settled, seq)
             if dedup_id:
                 dm.dedup.append((dedup_id, True))
-        elif state is WriteState.CANCELLED:
+        elif state is Outcome.CANCELLED:
             dm.settled = max(dm.settled, seq)
             dm.gone[seq] = "cancelled with its add"
+        elif state is Outcome.REFUSED:
+            dm.gone[seq] = "refused: no room for its batch"
         else:
             dm.msgs[seq] = Expect(fields, sure=False)
             if dedup_id:
                 dm.dedup.append((dedup_id, False))
 
-    def remove(self, dest: str, seq: int, state: WriteState) -> None:
+    def remove(self, dest: str, seq: int, state: Outcome) -> None:
         """A non-transacted remove finished."""
         dm = self.dests[dest]
-        if state in (WriteState.WRITTEN, WriteState.CANCELLED):
+        if state in (Outcome.WRITTEN, Outcome.CANCELLED):
             if dm.msgs.pop(seq, None) is not None:
                 dm.gone[seq] = "acknowledged"
+        elif state is Outcome.REFUSED:
+            return
         elif seq in dm.msgs:
             dm.msgs[seq] = replace(dm.msgs[seq], sure=False, group=0)
 
@@ -212,31 +229,31 @@ class Model:
             e = dm.msgs[seq]
             dm.msgs[seq] = replace(e, sure=False, group=group if e.sure else 0, added=False)
 
-    def remove_range(self, dest: str, upto: int, state: WriteState) -> None:
+    def remove_range(self, dest: str, upto: int, state: Outcome) -> None:
         """A remove_range finished."""
         dm = self.dests[dest]
         hit = [seq for seq in dm.msgs if seq <= upto]
-        if state is WriteState.WRITTEN:
+        if state is Outcome.WRITTEN:
             for seq in hit:
                 del dm.msgs[seq]
                 dm.gone[seq] = f"removed by remove_range up to {upto}"
         else:
             self._doubt_group(dest, hit)
 
-    def mark(self, dest: str, seq: int, state: WriteState) -> None:
+    def mark(self, dest: str, seq: int, state: Outcome) -> None:
         """A mark_dispatched finished."""
         dm = self.dests[dest]
         dm.touch()
         dm.mark_latest = seq
-        if state is WriteState.WRITTEN:
+        if state is Outcome.WRITTEN:
             dm.marks = {seq}
         else:
             dm.marks.add(seq)
 
-    def delete_dest(self, dest: str, state: WriteState) -> None:
+    def delete_dest(self, dest: str, state: Outcome) -> None:
         """A delete_destination finished."""
         dm = self.dests[dest]
-        if state is WriteState.WRITTEN:
+        if state is Outcome.WRITTEN:
             gone = dict(dm.gone)
             gone.update((seq, "its destination was deleted") for seq in dm.msgs)
             self.dests[dest] = DestModel(gone=gone, deleted=True)
@@ -251,7 +268,7 @@ class Model:
         tx = self.txs[slot] = TxModel(txid)
         return tx
 
-    def commit(self, slot: int, seqs: Sequence[int], state: WriteState) -> None:
+    def commit(self, slot: int, seqs: Sequence[int], state: Outcome) -> None:
         """A commit finished (its adds take `seqs`, in add order)."""
         tx = self.txs.pop(slot)
         group = next(self._groups)
@@ -259,19 +276,19 @@ class Model:
             dm = self.dests[add.destination]
             dm.touch()
             fields = add.fields._replace(seq=seq)
-            if state is WriteState.WRITTEN:
+            if state is Outcome.WRITTEN:
                 dm.msgs[seq] = Expect(fields)
                 dm.low = max(dm.low, seq)
                 dm.settled = max(dm.settled, seq)
             else:
                 dm.msgs[seq] = Expect(fields, sure=False, group=group, added=True)
             if add.dedup_id:
-                dm.dedup.append((add.dedup_id, state is WriteState.WRITTEN))
+                dm.dedup.append((add.dedup_id, state is Outcome.WRITTEN))
         for dest, seq in tx.removes:
             dm = self.dests[dest]
             if seq not in dm.msgs:
                 continue
-            if state is WriteState.WRITTEN:
+            if state is Outcome.WRITTEN:
                 del dm.msgs[seq]
                 dm.gone[seq] = f"acknowledged in transaction {tx.txid}"
             else:
@@ -286,11 +303,11 @@ class Model:
         """The store stopped: open transactions are gone (the journal aborts them at open)."""
         self.txs.clear()
 
-    def sub_put(self, key: tuple[str, str], sub: RecoveredSubscription, state: WriteState) -> None:
+    def sub_put(self, key: tuple[str, str], sub: RecoveredSubscription, state: Outcome) -> None:
         """A put_subscription finished."""
         new: SubState = (sub.destination, sub.selector, sub.cursor)
         old = self.subs.get(key)
-        if state is WriteState.WRITTEN:
+        if state is Outcome.WRITTEN:
             self.subs[key] = SubModel({new}, new)
         elif old is None:
             self.subs[key] = SubModel({new}, new, sure=False)
@@ -305,9 +322,9 @@ class Model:
             sub.latest = (sub.latest[0], sub.latest[1], cursor)
             sub.states.add(sub.latest)
 
-    def sub_delete(self, key: tuple[str, str], state: WriteState) -> None:
+    def sub_delete(self, key: tuple[str, str], state: Outcome) -> None:
         """A delete_subscription finished."""
-        if state is WriteState.WRITTEN:
+        if state is Outcome.WRITTEN:
             self.subs.pop(key, None)
         elif key in self.subs:
             self.subs[key].sure = False

@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from sluice.config import MiB, StoreConfig
-from sluice.errors import StoreError
+from sluice.errors import DiskFullError, StoreError
 from sluice.store.api import (
     Recovery,
     StoredMessage,
@@ -34,7 +34,6 @@ from .sim_events import (
     Life,
 )
 from .sim_harness import (
-    HEAD_MISUSE,
     Known,
     LifeResult,
     Op,
@@ -46,7 +45,7 @@ from .sim_harness import (
     release_store,
     store_frame,
 )
-from .sim_model import Mismatch, Model
+from .sim_model import Mismatch, Model, Outcome
 
 WAIT_S = 20.0  # a step's handles must all complete within this
 FULL_DISK_WAIT_S = 0.5  # a writer waiting for space on a full disk gets it back after this
@@ -112,6 +111,7 @@ class Runner:
         self.barriers = 0
         self.handles_seen: dict[int, WriteHandle] = {}
         self.touched: set[str] = set()
+        self.event_outcomes: list[tuple[Op, Outcome]] = []
 
     # -- the life --------------------------------------------------------------------------------
 
@@ -174,6 +174,7 @@ class Runner:
             return
         handler = getattr(self, "_ev_" + ev.kind.name.lower())
         fired_before = self.fs.stats.injected.total()
+        self.event_outcomes = []
         try:
             handler(ev)
         except Mismatch:
@@ -184,10 +185,6 @@ class Runner:
                 raise Mismatch("exception", f"{ev}: {type(exc).__name__}: {exc} ({where})") from exc
             self.note(f"    excused {type(exc).__name__}: {exc}")
         misuses = self.fs.take_misuses()
-        if misuses and Known.ROLLOVER_CLOSES_TWICE in self.known:
-            rollover = [m for m in misuses if HEAD_MISUSE.match(m)]
-            self.result.known[Known.ROLLOVER_CLOSES_TWICE.value] += len(rollover)
-            misuses = [m for m in misuses if m not in rollover]
         if misuses:
             raise Mismatch("fd-misuse", f"{ev}: {misuses[0]}")
         fired = self.fs.take_fired()
@@ -238,14 +235,22 @@ class Runner:
             for kind, call, path in fired
             if kind is not FaultKind.SHORT
             and call != "pread"
-            # The preallocator's failures are swallowed (rollover then makes the file itself).
+            # A spare made ahead may fail (it is made again when needed); only taking it matters.
             and not (path.endswith(".spare") and call != "rename")
         ]
         if hard and not self.failed():
-            kind, call, path = hard[0]
-            raise Mismatch(
-                "unreported", f"{kind.value} injected into {call} of {path}, store not failed"
-            )
+            # Only a lack of room may leave the store going, and then only by refusing the
+            # step's writes before any of their bytes (or having none to write).
+            no_room = all(kind in (FaultKind.ENOSPC, FaultKind.FILLS) for kind, _, _ in hard)
+            writing = [outcome for op, outcome in self.event_outcomes if op.writes]
+            unwritten = (Outcome.REFUSED, Outcome.CANCELLED)
+            if not (no_room and all(o in unwritten for o in writing)):
+                kind, call, path = hard[0]
+                raise Mismatch(
+                    "unreported",
+                    f"{kind.value} injected into {call} of {path}: the store neither failed nor "
+                    f"refused the writes ({[o.value for o in writing]})",
+                )
         only_short = fired and all(kind is FaultKind.SHORT for kind, _, _ in fired)
         if (
             only_short
@@ -273,6 +278,7 @@ class Runner:
         (the barrier that holds the writer of a store just opened, before the model is checked)."""
         store = self.s
         failed_before = self.failed()
+        refused_before = store.stats().no_space_errors
         ops: list[Op] = []
         try:
             submit(ops)
@@ -292,12 +298,32 @@ class Runner:
             pending = [h for h in handles if h not in self.sink.take()]
             raise Mismatch("hang", f"handles not completed within {WAIT_S} s: {pending[:5]}")
         self.check_handles(ops, failed_before)
-        for op in ops:
-            op.effect(op.handle.state)
-        if settle and not self.failed() and not self.fs.crashed():
+        outcomes = [self.outcome(op) for op in ops]
+        self.event_outcomes += zip(ops, outcomes, strict=True)
+        for op, outcome in zip(ops, outcomes, strict=True):
+            op.effect(outcome)
+        # A refused batch puts its cursor moves back for a later one: nothing to settle then.
+        refused = store.stats().no_space_errors > refused_before
+        if settle and not refused and not self.failed() and not self.fs.crashed():
             self.model.settle()
         if self.tracing and len(ops) > 1:
-            self.note("    " + " ".join(op.handle.state.name for op in ops[:-1]))
+            self.note("    " + " ".join(o.name for o in outcomes[:-1]))
+
+    def outcome(self, op: Op) -> Outcome:
+        """How the model sees an op's end: a write refused for lack of room (DiskFullError with
+        the store going on) never happened; any other failure is in doubt."""
+        h = op.handle
+        if h.state is WriteState.WRITTEN:
+            return Outcome.WRITTEN
+        if h.state is WriteState.CANCELLED:
+            return Outcome.CANCELLED
+        if isinstance(h.error, DiskFullError) and not self.failed():
+            if op.writes and not op.refusable:
+                raise Mismatch(
+                    "refused", f"{h}: refused for lack of room, yet its record cannot be refused"
+                )
+            return Outcome.REFUSED
+        return Outcome.FAILED
 
     def check_handles(self, ops: list[Op], failed_before: bool) -> None:
         """Every handle delivered once, complete, with an error iff FAILED; nothing written once

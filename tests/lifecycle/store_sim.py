@@ -82,12 +82,14 @@ class LifePlayer(Runner):
         dedup = m.headers.get(DEDUP_HEADER)
         self.touched.add(m.destination)
         handle = self.s.add(m, None)
-        ops.append(Op(handle, partial(self.model.add, m.destination, m.seq, fields, dedup)))
+        effect = partial(self.model.add, m.destination, m.seq, fields, dedup)
+        ops.append(Op(handle, effect, refusable=True))
 
     def remove(self, ops: list[Op], dest: str, seq: int) -> None:
         """A non-transacted remove in a step."""
         self.touched.add(dest)
-        ops.append(Op(self.s.remove(dest, seq), partial(self.model.remove, dest, seq)))
+        effect = partial(self.model.remove, dest, seq)
+        ops.append(Op(self.s.remove(dest, seq), effect, refusable=True))
 
     def pick(self, dest: str, ev: Event, count: int = 1) -> list[int]:
         """`count` surely stored messages of `dest`, chosen by the event's fraction."""

@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sluice.config import KiB, StoreConfig
+from sluice.errors import DiskFullError
+from sluice.store.api import StoredMessage, WriteHandle, WriteState
 from sluice.store.journal import files
+from sluice.store.journal.store import JournalStore
 
 from .faultfs import (
     CrashPlan,
     Fault,
     FaultFS,
     FaultKind,
-    InlinePreallocator,
     SimulatedCrash,
     Target,
 )
@@ -182,16 +186,39 @@ def test_descriptors_left_open_are_closed_and_counted(tmp_path: Path) -> None:
         os.fstat(fd)
 
 
-def test_the_inline_preallocator_prepares_on_the_calling_thread(fs: FaultFS) -> None:
+def test_the_store_prepares_files_inline_and_a_full_disk_refuses_them(fs: FaultFS) -> None:
+    """Installed, the store's preallocator has no thread: the next file is made at once,
+    through the layer. With no room left `statvfs` says so: the spare after that cannot be
+    made, and the batch that needs it is refused before anything is written."""
+    config = StoreConfig(data_dir=fs.root, journal_file_bytes=16 * KiB)
+    store = JournalStore(config)
+    sink: list[WriteHandle] = []
+    store.open(sink.extend)
     journal = fs.root / "journal"
-    prealloc = InlinePreallocator(journal, b"s" * 16, 8192)
-    calls = fs.stats.gated_calls
-    prealloc.prepare(2)
-    assert fs.stats.gated_calls > calls
-    assert (journal / "db-2.log.spare").stat().st_size == 8192
-    assert not prealloc.take(3, journal / "db-3.log")
-    assert prealloc.take(2, journal / "db-2.log")
-    assert (journal / "db-2.log").exists()
-    prealloc.prepare(3)
-    prealloc.stop()
-    assert not (journal / "db-3.log.spare").exists()
+
+    def add(seq: int, nbytes: int) -> WriteHandle:
+        handle = store.add(StoredMessage("/queue/q", seq, f"m{seq}", 1, {}, b"x" * nbytes), None)
+        store.checkpoint()  # served after the batch that holds the add
+        return handle
+
+    try:
+        assert not [t for t in threading.enumerate() if t.name == "sluice-prealloc"]
+        assert (journal / "db-2.log.spare").exists()
+        fs.capacity_bytes = fs.used_bytes() + 4 * KiB
+        assert files.free_bytes(fs.root) == 4 * KiB
+        assert add(1, 12 * KiB).state is WriteState.WRITTEN
+        assert add(2, 8 * KiB).state is WriteState.WRITTEN  # into the spare made at open
+        assert files.list_files(journal) == [1, 2]
+        assert not (journal / "db-3.log.spare").exists()  # no room for the next one
+        assert store.stats().no_space
+        used = fs.used_bytes()
+        refused = add(3, 12 * KiB)
+        assert refused.state is WriteState.FAILED
+        assert isinstance(refused.error, DiskFullError)
+        assert store.stats().write_errors == 0  # refused, not failed
+        assert fs.used_bytes() == used
+        fs.capacity_bytes = None
+        assert add(3, 12 * KiB).state is WriteState.WRITTEN
+        assert files.list_files(journal) == [1, 2, 3]
+    finally:
+        store.close()

@@ -227,33 +227,6 @@ KNOWN_ISSUES = [
         "dedup",
     ),
     (
-        Known.ROLLOVER_CLOSES_TWICE,
-        2,
-        ["crash#3 opt=3 after=3", "tx-send#4 d=1 n=13 size=2607 slot=1 opt=4", "crash#5 after=13"],
-        "fd-misuse",
-    ),
-    (
-        # The worse half: a rollover that fails in compaction leaves the writer going, and the
-        # next batch is written to the closed descriptor.
-        Known.ROLLOVER_CLOSES_TWICE,
-        134,
-        [
-            "send#11 d=1 n=2 size=4887 pick=0.597 opt=6",
-            "tx-send#17 n=1 size=349 slot=1",
-            "send-ack#19 d=3 n=4 size=289 pick=0.577 opt=6",
-            "stream#31 d=1 n=2 size=1971",
-            "send#32 n=4 size=1213 pick=0.581",
-            "ack#33 n=3 pick=0.565",
-            "fault#34 pick=0.124 after=6",
-            "verify#35",
-            "stream#36 n=4 size=8401",
-            "fault#37 pick=0.133 opt=4 after=3",
-            "gc#38",
-            "ack-range#39 d=3 pick=0.948",
-        ],
-        "fd-misuse",
-    ),
-    (
         Known.ZERO_MARK_PINS,
         57,
         [
@@ -312,6 +285,47 @@ def test_known_issue_without_the_workaround(
         known=ALL_KNOWN - {issue},
     )
     _expect_clean(result.failure, check)
+
+
+# Store bugs the simulation found that are fixed: (seed, shrunk events, what it was). Each must
+# pass with no workaround at all.
+FIXED_CASES = [
+    (
+        2,
+        ["crash#3 opt=3 after=3", "tx-send#4 d=1 n=13 size=2607 slot=1 opt=4", "crash#5 after=13"],
+        "HeadFile.rollover closed the head descriptor before the next file was open; after a "
+        "failed rollover close() closed the number again",
+    ),
+    (
+        134,
+        [
+            "send#11 d=1 n=2 size=4887 pick=0.597 opt=6",
+            "tx-send#17 n=1 size=349 slot=1",
+            "send-ack#19 d=3 n=4 size=289 pick=0.577 opt=6",
+            "stream#31 d=1 n=2 size=1971",
+            "send#32 n=4 size=1213 pick=0.581",
+            "ack#33 n=3 pick=0.565",
+            "fault#34 pick=0.124 after=6",
+            "verify#35",
+            "stream#36 n=4 size=8401",
+            "fault#37 pick=0.133 opt=4 after=3",
+            "gc#38",
+            "ack-range#39 d=3 pick=0.948",
+        ],
+        "a rollover that failed in compaction left the writer going with the closed head "
+        "descriptor, and the next batch was written to it (another file's number by then)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("seed", "events", "what"), FIXED_CASES, ids=[f"seed-{case[0]}" for case in FIXED_CASES]
+)
+def test_fixed_store_bug_stays_fixed(seed: int, events: list[str], what: str) -> None:
+    result = run_life(
+        StoreKind.JOURNAL, generate(seed), [Event.parse(e) for e in events], known=frozenset()
+    )
+    assert result.failure is None, f"{what}: {result.failure}"
 
 
 # (seed, shrunk events, the check it fails, what goes wrong)
