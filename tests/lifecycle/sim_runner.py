@@ -212,8 +212,6 @@ class Runner:
             self.check_fault_outcome(fired)
         elif ev.kind in (Kind.GC, Kind.CHECKPOINT):
             self.check_fault_outcome(fired, request=True)
-            if self.store is None:
-                return
         if self.failed():
             self.failed_events += 1
             if self.failed_events >= 2:

@@ -21,18 +21,25 @@ import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from sluice.store.journal import files
+from sluice.config import KiB, StoreConfig
+from sluice.store.api import StoredMessage
+from sluice.store.journal import files, tools
+from sluice.store.journal.store import JournalStore
 from sluice.store.memory import MemoryStore
 
 from .sim_events import Event, Kind, generate
 from .sim_harness import ALL_KNOWN, Known, StoreKind
 from .store_sim import run_life, shrink, simulate
 
-# Journal seeds that fail on store bugs not fixed yet (`FAILING_CASES` below), among 1-1200.
-FAILING_JOURNAL_SEEDS = {168, 202, 419, 643, 658, 786, 863, 892, 945, 950, 1015, 1030, 1124}
+# Journal seeds that fail on store bugs not fixed yet (`FAILING_CASES` below), among 1-2400.
+FAILING_JOURNAL_SEEDS = {
+    *(168, 202, 419, 643, 658, 786, 863, 892, 945, 950, 1015, 1030, 1124, 1352, 1359, 1435),
+    *(1444, 1515, 1598, 1816, 1875, 1880, 1884, 1910, 1931, 2107, 2342),
+}
 JOURNAL_SEEDS = [seed for seed in range(1, 321) if seed not in FAILING_JOURNAL_SEEDS]
 JOURNAL_CHUNKS = 8
 MEMORY_SEEDS = range(1, 1001)
@@ -442,6 +449,69 @@ def test_failing_seed(seed: int, events: list[str], check: str, symptom: str) ->
     _expect_clean(
         run_life(StoreKind.JOURNAL, life, [Event.parse(e) for e in events]).failure, check
     )
+
+
+@pytest.mark.xfail(strict=True, reason="a REMOVE replayed before anything pins its file")
+def test_a_rebuild_keeps_a_remove_that_opens_a_file(tmp_path: Path) -> None:
+    """Found by the simulation (seed 502 before the disk-full rework), reproduced directly: a
+    data file whose first record is a REMOVE loses its dependency on the file of the ADD when
+    the index is rebuilt (replay registers a file only after its records, and
+    `JournalState._add_deps` skips files it does not know). GC then deletes the REMOVE's file
+    while the ADD's file stays (another message pins it), and the next rebuild brings the
+    acknowledged message back."""
+    file_bytes = 16 * KiB
+    config = StoreConfig(
+        data_dir=tmp_path,
+        journal_file_bytes=file_bytes,
+        gc_interval_s=3600.0,
+        checkpoint_interval_s=3600.0,
+        compaction_live_ratio=0.0,
+    )
+
+    def reopen() -> JournalStore:
+        store = JournalStore(config)
+        store.open(lambda handles: None)
+        return store
+
+    def queue_x(store: JournalStore) -> list[int]:
+        return [m.seq for m in store.load("/queue/x", 0, 100, 1 << 30)]
+
+    store = reopen()
+    store.add(StoredMessage("/queue/x", 1, "acked", 1, {}, b"a" * 100), None)
+    store.add(StoredMessage("/queue/x", 2, "kept", 1, {}, b"k" * 100), None)
+    store.checkpoint()
+    _, start = store.head_position
+    store.add(StoredMessage("/queue/y", 1, "f", 1, {}, b""), None)
+    store.checkpoint()
+    overhead = store.head_position[1] - start
+    seq = 2
+    while store.head_position[0] == 1:  # fill file 1 until a REMOVE no longer fits in it
+        room = file_bytes - store.head_position[1] - overhead - 12
+        if room < 0:
+            break
+        store.add(StoredMessage("/queue/y", seq, "f", 1, {}, b"f" * min(room, 4000)), None)
+        store.checkpoint()
+        seq += 1
+    assert store.head_position[0] == 1
+    store.remove("/queue/x", 1)
+    store.checkpoint()
+    assert store.head_position[0] == 2  # the REMOVE opened file 2
+    store.remove_range("/queue/y", seq)
+    for n in range(1, 41):
+        store.add(StoredMessage("/queue/w", n, "w", 1, {}, b"w" * 1500), None)
+    store.remove_range("/queue/w", 40)
+    store.close()
+    tools.rebuild_index(tmp_path, config)
+    store = reopen()
+    assert queue_x(store) == [2]
+    store.gc()
+    store.close()
+    tools.rebuild_index(tmp_path, config)
+    store = reopen()
+    try:
+        assert queue_x(store) == [2]
+    finally:
+        store.close()
 
 
 # -- as long as asked ------------------------------------------------------------------------------
