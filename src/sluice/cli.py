@@ -172,8 +172,10 @@ def _run_broker(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         from sluice.server.listener import BrokerServer  # noqa: PLC0415
+        from sluice.server.stores import open_stores  # noqa: PLC0415
 
-        server = BrokerServer(cfg)
+        store, temp_store = open_stores(cfg)
+        server = BrokerServer(cfg, store, temp_store=temp_store)
         await server.start()
         # Until here a signal ends the process at once (a start is recovery: nothing to lose);
         # from the line that says the broker listens, it stops the broker cleanly.

@@ -538,34 +538,42 @@ class Writer:
     # -- collection --------------------------------------------------------------------------------
 
     def collect(self, *, compact: bool = True) -> GcResult:
-        """Checkpoint, compact what is worth it, then delete or archive what nothing needs."""
+        """Checkpoint, delete or archive what nothing needs, compact what is worth it, and
+        delete what compaction freed. Deleting comes first, so a disk too full for the copies
+        still gets the space back; compaction that finds no room is put off to the next round."""
         result = GcResult()
         self.checkpoint()
+        self._retire_unneeded(result)
         if compact:
             targets = gc.compaction_targets(
                 self.state, self.head.file_no, self.config.compaction_live_ratio
             )
             if targets:
                 ops = gc.copy_ops(self.state, self.reader, self.journal_dir, targets, result)
-                self.write_durable(ops)
-                self.checkpoint()
-                result.compacted = targets
-                result.moved_messages = sum(1 for op in ops if op.rtype == fmt.RecordType.ADD)
-                with self.lock:
-                    self.stats.compacted_files += len(targets)
-                    self.stats.damaged_records += result.damaged_records
-        retire = gc.deletable(self.state, self.head.file_no)
-        if retire:
-            archive = self.config.archive and self.durable
-            self.retire_files(retire, archive)
-            if archive:
-                result.archived = retire
-            else:
-                result.deleted = retire
-            self.checkpoint()
+                try:
+                    self.write_durable(ops)
+                except DiskFullError as exc:
+                    log.warning("journal compaction put off: %s", exc)
+                else:
+                    self.checkpoint()
+                    result.compacted = targets
+                    result.moved_messages = sum(1 for op in ops if op.rtype == fmt.RecordType.ADD)
+                    with self.lock:
+                        self.stats.compacted_files += len(targets)
+                        self.stats.damaged_records += result.damaged_records
+                    self._retire_unneeded(result)
         for line in result.lines():
             log.info("journal gc: %s", line)
         return result
+
+    def _retire_unneeded(self, result: GcResult) -> None:
+        retire = gc.deletable(self.state, self.head.file_no)
+        if not retire:
+            return
+        archive = self.config.archive and self.durable
+        self.retire_files(retire, archive)
+        (result.archived if archive else result.deleted).extend(retire)
+        self.checkpoint()
 
     def retire_files(self, file_nos: Sequence[int], archive: bool) -> None:
         """Delete data files, or move them to the archive, once nothing needs them: first the
