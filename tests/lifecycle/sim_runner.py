@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -14,7 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from sluice.config import MiB, StoreConfig
-from sluice.errors import DiskFullError, StoreError
+from sluice.errors import DiskFullError, StoreError, StoreIOError
 from sluice.store.api import (
     Recovery,
     StoredMessage,
@@ -55,8 +54,6 @@ COMPACT_MAX_ROUNDS = 20  # `sluice store compact` collects until nothing changes
 _LOAD_PAGE = 7
 FULL_CHECK_EVERY = 8  # between restarts, all destinations are read back every this many events
 _HEAD_WRITES = frozenset({"pwritev", "pwrite", "write"})
-_DATA_WRITES = _HEAD_WRITES | {"fsync", "fdatasync"}
-_DATA_FILE = re.compile(r"/db-[0-9]+\.log$")
 STEP_KINDS = frozenset(
     {
         Kind.SEND,
@@ -210,8 +207,6 @@ class Runner:
             return
         if ev.kind in STEP_KINDS:
             self.check_fault_outcome(fired)
-        elif ev.kind in (Kind.GC, Kind.CHECKPOINT):
-            self.check_fault_outcome(fired, request=True)
         if self.failed():
             self.failed_events += 1
             if self.failed_events >= 2:
@@ -232,15 +227,11 @@ class Runner:
             or self.failed()
         )
 
-    def check_fault_outcome(
-        self, fired: list[tuple[FaultKind, str, str]], *, request: bool = False
-    ) -> None:
+    def check_fault_outcome(self, fired: list[tuple[FaultKind, str, str]]) -> None:
         """An I/O error in a step's writes or syncs, or a lack of room in the middle of writing
         the head file, must fail the store; a short write must not. (A lack of room before any
         byte of a batch may be absorbed: the batch refused, a checkpoint put off. The model then
-        checks that nothing refused happened and nothing written is lost.) In a request (GC, a
-        checkpoint) the same holds for the data files' writes and syncs: a sync that failed
-        there and is tried again by the next batch is the failed-fsync trap."""
+        checks that nothing refused happened and nothing written is lost.)"""
         if not self.journal or self.store is None:
             return
         hard = [
@@ -251,15 +242,9 @@ class Runner:
             # A spare made ahead may fail (it is made again when needed); only taking it matters.
             and not (path.endswith(".spare") and call != "rename")
             and (kind is FaultKind.EIO or (call in _HEAD_WRITES and not path.endswith(".spare")))
-            and (not request or (call in _DATA_WRITES and _DATA_FILE.search(path) is not None))
         ]
         if hard and not self.failed():
             kind, call, path = hard[0]
-            if request and Known.REQUEST_ERRORS_IGNORED in self.known:
-                self.result.known[Known.REQUEST_ERRORS_IGNORED.value] += 1
-                self.note("    the store went on after an I/O error in a request: restart")
-                self.restart()
-                return
             raise Mismatch(
                 "unreported", f"{kind.value} injected into {call} of {path}: the store goes on"
             )
@@ -357,6 +342,24 @@ class Runner:
                 raise Mismatch("handle", f"{h} with error {h.error!r}")
             if failed_before and op.writes and h.state is WriteState.WRITTEN:
                 raise Mismatch("refused", f"{h}: a write completed after the store failed")
+
+    def request(self, fn: Callable[[], object]) -> object:
+        """A GC or checkpoint. An I/O error in it (not a refusal for lack of room: nothing was
+        written then) must fail the store like one in a batch: its bytes may be half written, or
+        a sync may have failed, which a later sync of the same file does not make good."""
+        try:
+            return self.writer_call(fn)
+        except StoreIOError as exc:
+            if isinstance(exc, DiskFullError) or self.failed() or self.fs.crashed():
+                raise
+            if Known.REQUEST_ERRORS_IGNORED not in self.known:
+                raise Mismatch(
+                    "unreported", f"{exc} ({store_frame(exc)}): the store goes on"
+                ) from exc
+            self.result.known[Known.REQUEST_ERRORS_IGNORED.value] += 1
+            self.note(f"    the store went on after {exc}: restart")
+            self.restart()
+            return None
 
     def writer_call(self, fn: Callable[[], object]) -> object:
         """Run a call that waits for the writer (gc, checkpoint), then hold the writer again."""

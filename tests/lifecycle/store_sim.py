@@ -306,13 +306,13 @@ class LifePlayer(Runner):
     def _ev_gc(self, _ev: Event) -> None:
         store = self.s
         assert isinstance(store, JournalStore)
-        result = self.writer_call(store.gc)
+        result = self.request(store.gc)
         self.note(f"    {result}")
 
     def _ev_checkpoint(self, _ev: Event) -> None:
         store = self.s
         assert isinstance(store, JournalStore)
-        self.writer_call(store.checkpoint)
+        self.request(store.checkpoint)
 
     def _ev_restart(self, _ev: Event) -> None:
         self.restart()
