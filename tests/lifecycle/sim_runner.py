@@ -358,6 +358,8 @@ class Runner:
                 ) from exc
             self.result.known[Known.REQUEST_ERRORS_IGNORED.value] += 1
             self.note(f"    the store went on after {exc}: restart")
+            # Not a clean run: the failed checkpoint took the cancelled adds' sequences along.
+            self.faults_since_open += 1
             self.restart()
             return None
 
