@@ -529,8 +529,15 @@ class FileReader:
             os.close(fd)
 
     def close(self) -> None:
-        """Close every descriptor."""
-        for fd in self._fds.values():
-            os.close(fd)
+        """Close every descriptor (all of them, whatever fails; the first error is raised)."""
+        fds = list(self._fds.values())
         self._fds.clear()
         self._sizes.clear()
+        failure: OSError | None = None
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure

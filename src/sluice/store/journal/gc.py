@@ -88,14 +88,20 @@ def retired_after(state: JournalState, going: list[int], head_file: int) -> fmt.
 
 
 def compaction_targets(state: JournalState, checkpoint_file: int, ratio: float) -> list[int]:
-    """Old, pinned files whose live share is below `ratio`, within a byte budget."""
+    """Old, pinned files whose live share is below `ratio`, within a byte budget, and that may
+    go once compacted (nothing they depend on is left)."""
     out: list[int] = []
+    remaining = set(state.files)
     budget = MAX_COMPACTION_BYTES
     for file_no in sorted(state.files):
         if file_no >= checkpoint_file:
             break
         fi = state.files[file_no]
         if fi.pins == 0 or fi.tx_pins:
+            continue
+        if fi.deps & remaining:
+            # It could not go once compacted: the messages' old records would stay behind their
+            # copies, and a rebuild could see them after the copies and their removes are gone.
             continue
         if fi.live_bytes >= ratio * max(fi.data_bytes, 1):
             continue

@@ -2,9 +2,13 @@
 
 Readers merge the overlay over a read snapshot of the index. An entry is a pending or written add
 (the writer's op), or `None` for a removal; a floor hides every indexed message of a destination
-at or below it (remove_range, delete_destination). The writer drops entries once an index commit
-contains their effect: each op carries `Cleanup` triples naming the entries it created, and an
-entry is dropped only if it is still the same object, so a later change to the same key stays.
+at or below it (remove_range, delete_destination). Each floor stays until the commit of its own
+op: a destination deleted (floor MAX_SEQ), filled again and trimmed (a low floor) hides its old
+messages until the delete is committed, and after that only what the trim removed.
+
+The writer drops entries once an index commit contains their effect: each op carries `Cleanup`
+triples naming the entries it created, and an entry is dropped only if it is still the same
+object, so a later change to the same key stays.
 
 Readers open their index snapshot while holding the store lock, and the writer drops entries under
 that lock after its commit; so a reader sees each change either in the overlay, in its snapshot, or
@@ -26,7 +30,8 @@ class Overlay:
 
     def __init__(self) -> None:
         self.entries: dict[str, SortedDict] = {}
-        self.floors: dict[str, tuple[int, object]] = {}
+        # Per destination, the floors not committed yet: (upto_seq, token), in order.
+        self.floors: dict[str, list[tuple[int, object]]] = {}
 
     def put(self, destination: str, seq: int, entry: object) -> None:
         """Show an add (or, with `None`, a removal) at this key."""
@@ -45,10 +50,7 @@ class Overlay:
 
     def set_floor(self, destination: str, upto_seq: int, token: object) -> None:
         """Hide everything of the destination up to `upto_seq`."""
-        current = self.floors.get(destination)
-        if current is not None:
-            upto_seq = max(upto_seq, current[0])
-        self.floors[destination] = (upto_seq, token)
+        self.floors.setdefault(destination, []).append((upto_seq, token))
         entries = self.entries.get(destination)
         if entries is not None:
             for seq in list(entries.irange(maximum=upto_seq)):
@@ -58,17 +60,19 @@ class Overlay:
 
     def floor(self, destination: str) -> int:
         """Indexed messages at or below this are hidden."""
-        current = self.floors.get(destination)
-        return current[0] if current is not None else 0
+        floors = self.floors.get(destination)
+        return max(upto for upto, _token in floors) if floors else 0
 
     def drop(self, cleanups: list[Cleanup]) -> None:
         """Forget entries whose effect the index now holds."""
         for cleanup in cleanups:
             for destination, seq, entry in cleanup:
                 if seq < 0:
-                    current = self.floors.get(destination)
-                    if current is not None and current[1] is entry:
-                        del self.floors[destination]
+                    floors = self.floors.get(destination)
+                    if floors is not None:
+                        floors[:] = [f for f in floors if f[1] is not entry]
+                        if not floors:
+                            del self.floors[destination]
                     continue
                 entries = self.entries.get(destination)
                 if entries is not None and entries.get(seq, _MISSING) is entry:

@@ -246,7 +246,12 @@ class _Opening:
         index = Index.create(
             self.index_dir, self.config.lmdb_map_bytes, store_id, durable=self.durable
         )
-        return _replay_all(index, *args)
+        try:
+            return _replay_all(index, *args)
+        except BaseException:
+            index.abort()
+            index.env.close()
+            raise
 
 
 @contextlib.contextmanager

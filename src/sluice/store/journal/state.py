@@ -102,6 +102,14 @@ class JournalState:
             self._dedup_saved[name] = ordinal
         for key in txn.cursor(db=self._db[b"tx"]).iternext(keys=True, values=False):
             self.open_txs.add(int.from_bytes(key[:8], "big"))
+        # An index written with a longer window (another setting, a rebuild by a tool) holds
+        # more than this store keeps: let the oldest go, and the files they pinned.
+        for name, window in self.dedup.items():
+            if len(window) > self.dedup_window:
+                while len(window) > self.dedup_window:
+                    for f in window.popleft()[2]:
+                        self._unpin(f)
+                self._dirty_dedup.add(name)
 
     def flush(self, checkpoint: tuple[int, int], *, ok: bool = True) -> None:
         """Write the changed tables and the checkpoint position into the write transaction."""
@@ -223,9 +231,11 @@ class JournalState:
             self._dirty_files.add(file_no)
 
     def _add_deps(self, file_no: int, targets: Iterable[int]) -> None:
+        # Replay registers a file after its records: a remove in it must still record what it
+        # depends on, or collection could delete it before the file of the message it removed.
         fi = self.files.get(file_no)
         if fi is None:
-            return
+            fi = self.files[file_no] = FileInfo()
         for target in targets:
             if target != file_no and target in self.files and target not in fi.deps:
                 fi.deps.add(target)
@@ -513,9 +523,20 @@ class JournalState:
                 f"transaction {txno}: {missing} adds beyond the {len(seqs or ())} committed "
                 "sequences were dropped"
             )
-        # The closing record must outlive the transaction's records, or a rebuild would see them
-        # without it.
-        self._add_deps(file_no, tx_files)
+        # The closing record should outlive the transaction's records, or a rebuild would see
+        # them without it (and abort what was already closed: harmless, but reported). Not when
+        # a record file already depends on the closing one (a transacted remove of a message
+        # that compaction copied next to the commit): the two would wait for each other for
+        # ever, and the remove's own dependency is the one correctness needs.
+        closing = self.files.get(file_no)
+        self._add_deps(
+            file_no,
+            (
+                f
+                for f in tx_files
+                if closing is None or file_no not in self.files.get(f, closing).deps
+            ),
+        )
 
     # -- subscriptions and destinations ------------------------------------------------------------
 
@@ -556,6 +577,8 @@ class JournalState:
         self._dirty_subs.add(key)
 
     def _dest_delete(self, name: str, file_no: int) -> None:
+        # Sequences its cancelled adds used die with it: no DEST_SEQ may bring it back.
+        self._cancelled_seqs.pop(name, None)
         info = self.dests.get(name)
         if info is None:
             return
@@ -575,10 +598,17 @@ class JournalState:
         info = self._dest(record.destination)
         info.last_seq = record.last_seq
         info.dispatch_mark = record.dispatch_mark
+        # A zero says nothing a rebuild needs: the record that set it need not stay either.
         if record.last_seq:
             info.seq_pin = self._move_pin(info.seq_pin, file_no)
+        elif info.seq_pin:
+            self._unpin(info.seq_pin)
+            info.seq_pin = 0
         if record.dispatch_mark:
             info.mark_pin = self._move_pin(info.mark_pin, file_no)
+        elif info.mark_pin:
+            self._unpin(info.mark_pin)
+            info.mark_pin = 0
         self._dedup_clear(record.destination)
         if self.dedup_window > 0:
             for dedup_id in record.dedup_ids[-self.dedup_window :]:

@@ -162,7 +162,11 @@ class JournalStore:
         self._writer = None
         stopped = writer.stop()
         if self._prealloc is not None:
-            self._prealloc.stop()
+            try:
+                self._prealloc.stop()
+            except OSError as exc:
+                # An unused spare left behind is removed at the next open; go on releasing.
+                log.error("journal: removing the unused spare file failed: %s", exc.strerror)
         if not stopped:
             # Its thread still holds the head file and the index: leave both; the next start
             # replays the journal from the last checkpoint, as after a crash.
@@ -174,7 +178,10 @@ class JournalStore:
             ok = False
             log.error("journal: closing %s failed: %s", writer.head.path, exc.strerror)
         with self._read_lock:
-            self._reader.close()
+            try:
+                self._reader.close()
+            except OSError as exc:
+                log.error("journal: closing a read descriptor failed: %s", exc.strerror)
         assert self._index is not None
         try:
             self._index.close(clean=ok)

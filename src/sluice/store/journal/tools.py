@@ -250,10 +250,17 @@ class RebuildResult:
     lines: list[str]
 
 
-def rebuild_index(data_dir: Path, config: StoreConfig | None = None) -> RebuildResult:
-    """Throw the index away and rebuild it from every data file."""
+def rebuild_index(
+    data_dir: Path,
+    config: StoreConfig | None = None,
+    *,
+    dedup_window: int = DEFAULT_DEDUP_WINDOW,
+) -> RebuildResult:
+    """Throw the index away and rebuild it from every data file, keeping `dedup_window` ids
+    per destination (the broker's `limits.dedup_window`; an open with a shorter window trims
+    the rest)."""
     cfg = _config(data_dir, config)
-    recovered = recover(cfg, dedup_window=DEFAULT_DEDUP_WINDOW, durable=True, force_rebuild=True)
+    recovered = recover(cfg, dedup_window=dedup_window, durable=True, force_rebuild=True)
     destinations, subscriptions = recovered.state.recovered()
     assert recovered.head is not None
     recovered.head.close()
@@ -270,10 +277,15 @@ def _discard(_handles: Sequence[WriteHandle]) -> None:
     """Offline there is nobody to tell."""
 
 
-def compact(data_dir: Path, config: StoreConfig | None = None) -> GcResult:
+def compact(
+    data_dir: Path,
+    config: StoreConfig | None = None,
+    *,
+    dedup_window: int = DEFAULT_DEDUP_WINDOW,
+) -> GcResult:
     """Open the store, collect and compact every file worth it, close."""
     cfg = _config(data_dir, config)
-    store = JournalStore(cfg)
+    store = JournalStore(cfg, dedup_window=dedup_window)
     store.open(_discard)
     try:
         result = store.gc()

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.config import StoreConfig, SyncPolicy
-from sluice.errors import DiskFullError, StoreError
+from sluice.errors import CorruptionError, DiskFullError, StoreError
 from sluice.store.api import CompletionSink, StoreStats, WriteHandle, WriteState
 from sluice.store.journal import format as fmt
 from sluice.store.journal import gc
@@ -299,9 +299,8 @@ class Writer:
             self._last_gc = now
             try:
                 self.collect()
-            except StoreError as exc:
-                # A damaged record found while compacting stops compaction, not the store.
-                log.error("garbage collection stopped: %s", exc)
+            except (OSError, StoreError) as exc:
+                self._maintenance_failed("garbage collection", exc)
 
     def _serve(self, req: _Request) -> None:
         try:
@@ -313,7 +312,20 @@ class Writer:
                 self.checkpoint()
         except BaseException as exc:
             req.error = exc
+            if isinstance(exc, OSError | StoreError) and self.failed is None:
+                self._maintenance_failed(req.kind.value, exc)
         req.done.set()
+
+    def _maintenance_failed(self, what: str, exc: OSError | StoreError) -> None:
+        """A checkpoint or collection failed. Lack of room (nothing was written) or a damaged
+        record met while compacting stops only that round; any other I/O error (a failed sync,
+        a write cut short) fails the store: a sync that failed is never tried again as if the
+        data before it were safe."""
+        if isinstance(exc, DiskFullError | CorruptionError):
+            log.error("%s stopped: %s", what, exc)
+            return
+        log.error("%s failed; the store stops accepting writes: %s", what, exc)
+        self._set_failed(exc)
 
     # -- batches -----------------------------------------------------------------------------------
 
@@ -328,6 +340,17 @@ class Writer:
                 ops.append(op)
         for (client_id, name), seq in cursors.items():
             ops.append(Op.of(fmt.SubCursor(client_id, name, seq)))
+        # Cancelled adds used their sequences whether this batch is written or refused (a
+        # destination delete applied with the batch forgets them).
+        for op in batch:
+            record = op.record
+            if (
+                isinstance(record, fmt.AddMeta)
+                and not record.txno
+                and op.handle is not None
+                and op.handle.state is WriteState.CANCELLED
+            ):
+                self.state.note_cancelled(record.destination, record.seq)
         if self.failed is not None:
             self._fail_ops(ops, handles, self.failed)
             return
@@ -360,15 +383,6 @@ class Writer:
             self.stats.batches += 1
         self._deliver(handles)
         self._apply(ops)
-        for op in batch:
-            record = op.record
-            if (
-                isinstance(record, fmt.AddMeta)
-                and not record.txno
-                and op.handle is not None
-                and op.handle.state is WriteState.CANCELLED
-            ):
-                self.state.note_cancelled(record.destination, record.seq)
 
     def write(self, ops: Sequence[Op]) -> None:
         """Append the ops' records, rolling over as needed; sets each op's location.
@@ -581,31 +595,44 @@ class Writer:
         if not file_nos:
             return
         self.write_durable([Op.of(gc.retired_after(self.state, list(file_nos), self.head.file_no))])
-        if archive:
-            self.archive_dir.mkdir(parents=True, exist_ok=True)
-        for file_no in file_nos:
-            path = file_path(self.journal_dir, file_no)
-            data_bytes = self.state.files[file_no].data_bytes
-            self.reader.forget(file_no)
-            with self.read_lock:
-                self.store_reader.forget(file_no)
-                if archive:
-                    if data_bytes:
-                        os.truncate(path, data_bytes)
-                    os.replace(path, self.archive_dir / path.name)
-                else:
-                    path.unlink(missing_ok=True)
-        fsync_dir(self.journal_dir)
-        if archive:
-            fsync_dir(self.archive_dir)
-        self.state.files_gone(file_nos)
-        with self.lock:
-            self.stats.files -= len(file_nos)
-            self.stats.disk_bytes -= len(file_nos) * self.head.file_bytes
+        gone: list[int] = []
+        try:
             if archive:
-                self.stats.gc_archived_files += len(file_nos)
-            else:
-                self.stats.gc_deleted_files += len(file_nos)
+                self.archive_dir.mkdir(parents=True, exist_ok=True)
+            for file_no in file_nos:
+                self._retire_file(file_no, archive)
+                gone.append(file_no)
+            fsync_dir(self.journal_dir)
+            if archive:
+                fsync_dir(self.archive_dir)
+        finally:
+            # What left the directory is gone whatever failed after it (a crash before the
+            # directory sync may bring a file back: nothing in it is needed, the next
+            # collection removes it again).
+            self.state.files_gone(gone)
+            with self.lock:
+                self.stats.files -= len(gone)
+                self.stats.disk_bytes -= len(gone) * self.head.file_bytes
+                if archive:
+                    self.stats.gc_archived_files += len(gone)
+                else:
+                    self.stats.gc_deleted_files += len(gone)
+
+    def _retire_file(self, file_no: int, archive: bool) -> None:
+        path = file_path(self.journal_dir, file_no)
+        data_bytes = self.state.files[file_no].data_bytes
+        self.reader.forget(file_no)
+        with self.read_lock:
+            self.store_reader.forget(file_no)
+            if not archive:
+                path.unlink(missing_ok=True)
+                return
+            target = self.archive_dir / path.name
+            if not path.exists() and target.exists():
+                return  # moved by an earlier collection that failed after the move
+            if data_bytes:
+                os.truncate(path, data_bytes)
+            os.replace(path, target)
 
 
 def _refusable(ops: Sequence[Op]) -> bool:

@@ -1,0 +1,585 @@
+"""Seeded lives of the message store (`store_sim`), against every store behind the contract
+suite (memory and journal), checked against a model after every step and every restart.
+
+- By default: a fixed set of seeds per store (about a minute in all).
+- `--seed N`: replays seed N on both stores, traced (add `-s` to see the trace of a passing run).
+- `--run-slow --sim-minutes M`: random seeds for M minutes; prints lives, events, faults and
+  failures, each with its seed and shrunk event list.
+
+A failure prints the seed, the check that failed and a shrunk event list. Seeds that fail on store
+bugs not fixed yet are left out of the default set and kept below as strict xfail tests; so are
+the bugs a life steps around by default (`store_sim.Known`). See docs/store-simulation.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import random
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sluice.config import KiB, StoreConfig
+from sluice.store.api import StoredMessage
+from sluice.store.journal import files, tools
+from sluice.store.journal.store import JournalStore
+from sluice.store.memory import MemoryStore
+
+from .sim_events import Event, Kind, generate
+from .sim_harness import ALL_KNOWN, Known, StoreKind
+from .store_sim import run_life, shrink, simulate
+
+# Journal seeds that fail on store bugs not fixed yet (`FAILING_CASES` below), among 1-2400.
+FAILING_JOURNAL_SEEDS = {
+    *(168, 202, 419, 643, 658, 786, 863, 892, 945, 950, 1015, 1030, 1124, 1352, 1359, 1435),
+    *(1444, 1515, 1598, 1816, 1875, 1880, 1884, 1910, 1931, 2107, 2237, 2342),
+}
+JOURNAL_SEEDS = [seed for seed in range(1, 401) if seed not in FAILING_JOURNAL_SEEDS]
+JOURNAL_CHUNKS = 10
+MEMORY_SEEDS = range(1, 1001)
+SHRINK_S = 30.0
+
+
+def _seed_option(request: pytest.FixtureRequest) -> int | None:
+    value = request.config.getoption("seed")
+    return None if value is None else int(value)
+
+
+def _run(kind: StoreKind, seeds: list[int], *, traced: bool) -> None:
+    failures = []
+    for seed in seeds:
+        report = simulate(kind, seed, shrink_s=SHRINK_S, trace=traced)
+        if traced:
+            print(f"--- {kind.value} store, seed {seed}: {generate(seed).config}")
+            print("\n".join(report.result.trace))
+        if report.failed:
+            failures.append(report.text)
+    assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.parametrize("chunk", range(JOURNAL_CHUNKS))
+def test_journal_lives(chunk: int, request: pytest.FixtureRequest) -> None:
+    """The journal store through the default seeds (or `--seed N`)."""
+    seed = _seed_option(request)
+    if seed is not None:
+        if chunk:
+            pytest.skip("--seed replays one seed")
+        _run(StoreKind.JOURNAL, [seed], traced=True)
+        return
+    _run(StoreKind.JOURNAL, JOURNAL_SEEDS[chunk::JOURNAL_CHUNKS], traced=False)
+
+
+def test_memory_lives(request: pytest.FixtureRequest) -> None:
+    """The memory store through the same lives (journal-only events do nothing there)."""
+    seed = _seed_option(request)
+    seeds = [seed] if seed is not None else list(MEMORY_SEEDS)
+    _run(StoreKind.MEMORY, seeds, traced=seed is not None)
+
+
+# -- the simulation itself ---------------------------------------------------------------------
+
+
+def test_a_seed_replays_exactly() -> None:
+    """The same seed makes the same file calls, outcomes and recoveries at every run."""
+    seed = next(s for s in JOURNAL_SEEDS if sum(e.kind is Kind.CRASH for e in generate(s).events))
+    first = run_life(StoreKind.JOURNAL, generate(seed), trace=True)
+    second = run_life(StoreKind.JOURNAL, generate(seed), trace=True)
+    assert first.failure is None
+    assert first.crashes >= 1
+    assert first.trace == second.trace
+
+
+def test_events_print_and_parse_back() -> None:
+    for seed in range(20):
+        for event in generate(seed).events:
+            assert Event.parse(str(event)) == event
+
+
+class _Forgetful(MemoryStore):
+    """A memory store that loses its oldest message at every reopen."""
+
+    opened = 0
+
+    def open(self, sink):  # type: ignore[no-untyped-def]
+        self.opened += 1
+        if self.opened > 1:
+            for messages in self._destinations.values():
+                if messages:
+                    messages.popitem(0)
+                    break
+        return super().open(sink)
+
+
+class _Deaf(MemoryStore):
+    """A memory store that acknowledges removes without removing anything."""
+
+    def remove(self, destination, seq, on_complete=None, txid=None):  # type: ignore[no-untyped-def]
+        return self._complete(on_complete)
+
+
+@pytest.mark.parametrize(
+    ("store", "events", "check"),
+    [
+        (_Forgetful, ["send#0 n=3 size=10", "restart#1"], "lost"),
+        (_Deaf, ["send#0 n=3 size=10", "ack#1 n=1"], "resurrected"),
+    ],
+)
+def test_the_checks_catch_a_faulty_store(
+    store: type[MemoryStore], events: list[str], check: str
+) -> None:
+    life = generate(1)
+    result = run_life(
+        StoreKind.MEMORY,
+        life,
+        [Event.parse(e) for e in events],
+        make_memory=lambda window: store(dedup_window=window),
+    )
+    assert result.failure is not None
+    assert result.failure.check == check
+    assert run_life(StoreKind.MEMORY, life, [Event.parse(e) for e in events]).failure is None
+
+
+def test_a_lying_sync_loses_receipted_messages_at_power_loss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The power-loss crash drops what was not synced: a store that reports writes synced
+    without syncing loses them, and the check says so."""
+
+    def lying_sync(head: files.HeadFile) -> None:
+        head.unsynced = False
+
+    life = generate(next(s for s in range(100) if generate(s).config.index_write_batch == 1000))
+    events = [
+        Event.parse(e)
+        for e in ["send#0 n=2 size=100", "crash#1 opt=2 after=100", "send#2 n=1 size=5"]
+    ]
+    assert run_life(StoreKind.JOURNAL, life, events).failure is None
+    monkeypatch.setattr(files.HeadFile, "sync", lying_sync)
+    result = run_life(StoreKind.JOURNAL, life, events)
+    assert result.failure is not None
+    assert result.failure.check == "lost"
+
+
+def test_a_store_that_retries_a_failed_sync_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failed-fsync trap: after fdatasync fails the data may be gone however often it is
+    retried; a store that retries and reports success is caught."""
+    real_sync = files.HeadFile.sync
+
+    def retrying_sync(head: files.HeadFile) -> None:
+        try:
+            real_sync(head)
+        except Exception:
+            real_sync(head)
+
+    life = generate(1)
+    events = [
+        Event.parse(e)
+        for e in [
+            "fault#0 opt=4 after=1",
+            "send#1 n=1 size=100",
+            "crash#2 opt=2 after=100",
+            "send#3 n=1 size=5",
+        ]
+    ]
+    assert run_life(StoreKind.JOURNAL, life, events).failure is None
+    monkeypatch.setattr(files.HeadFile, "sync", retrying_sync)
+    result = run_life(StoreKind.JOURNAL, life, events)
+    assert result.failure is not None
+    assert result.failure.check == "unreported"
+
+
+def test_shrinking_keeps_the_failure_and_drops_the_rest() -> None:
+    life = generate(3)
+
+    def make(window: int) -> MemoryStore:
+        return _Forgetful(dedup_window=window)
+
+    result = run_life(StoreKind.MEMORY, life, make_memory=make)
+    assert result.failure is not None
+    shrunk, runs = shrink(StoreKind.MEMORY, life, result, 20.0, make_memory=make)
+    assert len(shrunk) < result.failed_at + 1
+    assert runs > 1
+    again = run_life(StoreKind.MEMORY, life, shrunk, make_memory=make)
+    assert again.failure is not None
+    assert again.failure.check == result.failure.check
+
+
+# -- store bugs the simulation found, not fixed yet ------------------------------------------
+
+
+class KnownIssueStillThere(AssertionError):
+    """The life fails the known issue's check (any other failure fails the test for real)."""
+
+
+def _expect_clean(result_failure: object, check: str) -> None:
+    if result_failure is None:
+        return
+    if getattr(result_failure, "check", None) == check:
+        raise KnownIssueStillThere(str(result_failure))
+    raise AssertionError(f"fails another check than {check!r}: {result_failure}")
+
+
+# (issue, seed whose configuration the events run with, shrunk events, the check it fails)
+KNOWN_ISSUES = [
+    (
+        Known.LONG_DEDUP_WINDOW,
+        0,
+        ["send#19 d=1 n=4 size=62 pick=0.718 opt=2", "rebuild#37"],
+        "dedup",
+    ),
+    (
+        Known.ZERO_MARK_PINS,
+        57,
+        [
+            "mark#26 d=1 pick=0.149",
+            "tx-send#29 d=3 n=2 size=2087",
+            "stream#30 d=1 n=3 size=3957",
+            "compact#34",
+        ],
+        "compact-loop",
+    ),
+    (
+        Known.INDEX_LEFT_OPEN,
+        479,
+        ["tx-send#24 d=1 n=3 size=144 slot=1 opt=4", "fault#35 pick=0.112 after=1", "rebuild#36"],
+        "index-left-open",
+    ),
+    (
+        Known.REQUEST_ERRORS_IGNORED,
+        2232,
+        [
+            "send-ack#7 d=1 n=4 size=226 pick=0.59",
+            "tx-send#11 d=3 n=1 size=3637",
+            "stream#12 d=3 n=4 size=4912",
+            "send-ack#16 n=4 size=4650 pick=0.3 opt=1",
+            "ack#30 d=3 n=3 pick=0.331",
+            "fault#32 pick=0.671 opt=4 after=4",
+            "checkpoint#33",
+            "gc#34",
+        ],
+        "unreported",
+    ),
+    (
+        Known.CLOSE_STOPS_EARLY,
+        121,
+        ["fault#0 pick=0.185 opt=6 after=1", "verify#2"],
+        "close-leak",
+    ),
+]
+_KNOWN_IDS = [f"{case[0].value}-{case[1]}" for case in KNOWN_ISSUES]
+
+
+@pytest.mark.parametrize(("issue", "seed", "events", "check"), KNOWN_ISSUES, ids=_KNOWN_IDS)
+def test_known_issue_is_stepped_around(
+    issue: Known, seed: int, events: list[str], check: str
+) -> None:
+    """By default a life steps around the issue (and counts it) and finds nothing else."""
+    result = run_life(StoreKind.JOURNAL, generate(seed), [Event.parse(e) for e in events])
+    assert result.failure is None, result.failure
+    assert result.known[issue.value] >= 1
+
+
+@pytest.mark.parametrize(
+    ("issue", "seed", "events", "check"),
+    [
+        pytest.param(
+            *case,
+            marks=pytest.mark.xfail(strict=True, raises=KnownIssueStillThere, reason=case[0].value),
+        )
+        for case in KNOWN_ISSUES
+    ],
+    ids=_KNOWN_IDS,
+)
+def test_known_issue_without_the_workaround(
+    issue: Known, seed: int, events: list[str], check: str
+) -> None:
+    """Strict xfail until the store is fixed; then remove the issue from `store_sim.Known`."""
+    result = run_life(
+        StoreKind.JOURNAL,
+        generate(seed),
+        [Event.parse(e) for e in events],
+        known=ALL_KNOWN - {issue},
+    )
+    _expect_clean(result.failure, check)
+
+
+# Store bugs the simulation found that are fixed: (seed, shrunk events, what it was). Each must
+# pass (with the workarounds of the issues still open).
+FIXED_CASES = [
+    (
+        2,
+        ["crash#3 opt=3 after=3", "tx-send#4 d=1 n=13 size=2607 slot=1 opt=4", "crash#5 after=13"],
+        "HeadFile.rollover closed the head descriptor before the next file was open; after a "
+        "failed rollover close() closed the number again",
+    ),
+    (
+        134,
+        [
+            "send#11 d=1 n=2 size=4887 pick=0.597 opt=6",
+            "tx-send#17 n=1 size=349 slot=1",
+            "send-ack#19 d=3 n=4 size=289 pick=0.577 opt=6",
+            "stream#31 d=1 n=2 size=1971",
+            "send#32 n=4 size=1213 pick=0.581",
+            "ack#33 n=3 pick=0.565",
+            "fault#34 pick=0.124 after=6",
+            "verify#35",
+            "stream#36 n=4 size=8401",
+            "fault#37 pick=0.133 opt=4 after=3",
+            "gc#38",
+            "ack-range#39 d=3 pick=0.948",
+        ],
+        "a rollover that failed in compaction left the writer going with the closed head "
+        "descriptor, and the next batch was written to it (another file's number by then)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("seed", "events", "what"), FIXED_CASES, ids=[f"seed-{case[0]}" for case in FIXED_CASES]
+)
+def test_fixed_store_bug_stays_fixed(seed: int, events: list[str], what: str) -> None:
+    result = run_life(StoreKind.JOURNAL, generate(seed), [Event.parse(e) for e in events])
+    assert result.failure is None, f"{what}: {result.failure}"
+
+
+# (seed, shrunk events, the check it fails, what goes wrong)
+FAILING_CASES = [
+    (
+        430,
+        [
+            "tx-send#4 d=3 n=24 size=8440 slot=1 opt=2",
+            "restart#9",
+            "fault#38 pick=0.836 opt=4 after=3",
+            "gc#39",
+        ],
+        "exception",
+        "Writer.retire_files with archiving: an error after the files were moved (EIO syncing "
+        "archive/) skips state.files_gone; every later collection archives them again and "
+        "fails on os.truncate (FileNotFoundError), which fails the writer on the timer path",
+    ),
+    (
+        419,
+        [
+            "disk-full#21 n=3",
+            "send#27 d=3 n=1 size=92 pick=0.816 opt=4",
+            "send-ack#28 n=1 size=96521 pick=0.413 opt=2",
+        ],
+        "lost",
+        "a remove refused for lack of room (DiskFullError) of a message written but not yet in "
+        "a committed index: dropping the remove's overlay entry, which had replaced the add's, "
+        "hides the message from load() until the next index commit",
+    ),
+    (
+        892,
+        [
+            "send#0 d=2 n=1 size=10",
+            "disk-full#1",
+            "send#2 n=4 size=5000",
+            "send#4 n=4 size=5000",
+            "send-ack#3 d=2 n=2 size=5000",
+            "restart#5",
+        ],
+        "last-seq",
+        "adds cancelled in a batch refused for lack of room never reach note_cancelled "
+        "(Writer._process returns after _refuse), so no DEST_SEQ records their sequences: after "
+        "a clean restart last_seq is below sequences already handed out",
+    ),
+    (
+        658,
+        [
+            "delete-dest#7 d=1 pick=0.248",
+            "stream#8 d=1 n=5 size=5462",
+            "ack-range#17 d=1 pick=0.307",
+        ],
+        "lost",
+        "remove_range after a delete and new messages, before the index commits: "
+        "Overlay.set_floor keeps the delete's MAX_SEQ floor and drops the new messages' entries, "
+        "so load() hides them until the next commit",
+    ),
+    (
+        786,
+        ["send-ack#55 d=2 n=4 size=295 pick=0.585", "delete-dest#56 d=2 pick=0.459"],
+        "deleted-back",
+        "a destination deleted after one of its adds was cancelled comes back (empty, last_seq "
+        "of the cancelled add): the next checkpoint writes a DEST_SEQ for it "
+        "(take_cancelled_seqs), which creates it again",
+    ),
+    (
+        1124,
+        [
+            "send#5 d=2 n=4 size=1783 pick=0.347",
+            "send#20 d=3 n=2 size=5502 pick=0.234 opt=2",
+            "delete-dest#27 d=3 pick=0.86",
+            "send#34 d=1 n=2 size=3735 pick=0.494",
+            "send#40 d=3 n=1 size=3572 pick=0.4",
+            "send-ack#43 d=3 n=2 size=475 pick=0.734 opt=2",
+            "tx-ack#44 d=1 pick=0.441",
+            "gc#51",
+            "tx-commit#53",
+            "stream#64 d=2 n=4 size=7361",
+        ],
+        "disk",
+        "a transacted ack of a message that compaction moves before the commit: the ack's file "
+        "and the copy's file depend on each other (FileInfo.deps) and neither is ever collected",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("seed", "events", "check", "symptom"),
+    [
+        pytest.param(
+            *case, marks=pytest.mark.xfail(strict=True, raises=KnownIssueStillThere, reason=case[3])
+        )
+        for case in FAILING_CASES
+    ],
+    ids=[f"seed-{case[0]}" for case in FAILING_CASES],
+)
+def test_failing_seed(seed: int, events: list[str], check: str, symptom: str) -> None:
+    """Strict xfail until the store is fixed; then move the seed back to the default set."""
+    life = generate(seed)
+    _expect_clean(
+        run_life(StoreKind.JOURNAL, life, [Event.parse(e) for e in events]).failure, check
+    )
+
+
+@pytest.mark.xfail(strict=True, reason="a REMOVE replayed before anything pins its file")
+def test_a_rebuild_keeps_a_remove_that_opens_a_file(tmp_path: Path) -> None:
+    """Found by the simulation (seed 502 before the disk-full rework), reproduced directly: a
+    data file whose first record is a REMOVE loses its dependency on the file of the ADD when
+    the index is rebuilt (replay registers a file only after its records, and
+    `JournalState._add_deps` skips files it does not know). GC then deletes the REMOVE's file
+    while the ADD's file stays (another message pins it), and the next rebuild brings the
+    acknowledged message back."""
+    file_bytes = 16 * KiB
+    config = StoreConfig(
+        data_dir=tmp_path,
+        journal_file_bytes=file_bytes,
+        gc_interval_s=3600.0,
+        checkpoint_interval_s=3600.0,
+        compaction_live_ratio=0.0,
+    )
+
+    def reopen() -> JournalStore:
+        store = JournalStore(config)
+        store.open(lambda handles: None)
+        return store
+
+    def queue_x(store: JournalStore) -> list[int]:
+        return [m.seq for m in store.load("/queue/x", 0, 100, 1 << 30)]
+
+    store = reopen()
+    store.add(StoredMessage("/queue/x", 1, "acked", 1, {}, b"a" * 100), None)
+    store.add(StoredMessage("/queue/x", 2, "kept", 1, {}, b"k" * 100), None)
+    store.checkpoint()
+    _, start = store.head_position
+    store.add(StoredMessage("/queue/y", 1, "f", 1, {}, b""), None)
+    store.checkpoint()
+    overhead = store.head_position[1] - start
+    seq = 2
+    while store.head_position[0] == 1:  # fill file 1 until a REMOVE no longer fits in it
+        room = file_bytes - store.head_position[1] - overhead - 12
+        if room < 0:
+            break
+        store.add(StoredMessage("/queue/y", seq, "f", 1, {}, b"f" * min(room, 4000)), None)
+        store.checkpoint()
+        seq += 1
+    assert store.head_position[0] == 1
+    store.remove("/queue/x", 1)
+    store.checkpoint()
+    assert store.head_position[0] == 2  # the REMOVE opened file 2
+    store.remove_range("/queue/y", seq)
+    for n in range(1, 41):
+        store.add(StoredMessage("/queue/w", n, "w", 1, {}, b"w" * 1500), None)
+    store.remove_range("/queue/w", 40)
+    store.close()
+    tools.rebuild_index(tmp_path, config)
+    store = reopen()
+    assert queue_x(store) == [2]
+    store.gc()
+    store.close()
+    tools.rebuild_index(tmp_path, config)
+    store = reopen()
+    try:
+        assert queue_x(store) == [2]
+    finally:
+        store.close()
+
+
+# -- as long as asked ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What a worker sends back about one life (plain data: it crosses processes)."""
+
+    kind: str
+    events: int
+    faults: dict[str, int]
+    known: dict[str, int]
+    crashes: int
+    failure: str
+
+
+def _quiet_worker() -> None:
+    """Workers keep the store's log to themselves (a failure's report says what matters)."""
+    logging.getLogger("sluice").addHandler(logging.NullHandler())
+    logging.getLogger("sluice").propagate = False
+
+
+def _one_life(kind: StoreKind, seed: int) -> _Outcome:
+    report = simulate(kind, seed, shrink_s=60.0)
+    r = report.result
+    return _Outcome(kind.value, r.events, dict(r.faults), dict(r.known), r.crashes, report.text)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_random_lives_for_minutes(request: pytest.FixtureRequest) -> None:
+    """Random seeds against both stores (the journal four times out of five) for
+    `--sim-minutes` (1 if not given), one worker process per CPU; prints what ran and every
+    failure with its seed and shrunk events."""
+    minutes = float(request.config.getoption("sim_minutes") or 1.0)
+    workers = os.cpu_count() or 1
+    rng = random.SystemRandom()
+    started = time.monotonic()
+    deadline = started + minutes * 60
+    lives: Counter[str] = Counter()
+    events = crashes = 0
+    faults: Counter[str] = Counter()
+    known: Counter[str] = Counter()
+    failures: list[str] = []
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_quiet_worker) as pool:
+        running: set[Future[_Outcome]] = set()
+        while running or time.monotonic() < deadline:
+            while time.monotonic() < deadline and len(running) < 2 * workers:
+                kind = StoreKind.MEMORY if rng.random() < 0.2 else StoreKind.JOURNAL
+                running.add(pool.submit(_one_life, kind, rng.randrange(1 << 32)))
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                outcome = future.result()
+                lives[outcome.kind] += 1
+                events += outcome.events
+                crashes += outcome.crashes
+                faults.update(outcome.faults)
+                known.update(outcome.known)
+                if outcome.failure:
+                    failures.append(outcome.failure)
+    took = (time.monotonic() - started) / 60
+    total = sum(lives.values())
+    print(
+        f"\nstore lifecycle: {total} lives ({dict(lives)}) in {took:.1f} min on {workers} "
+        f"processes: {total / took:.0f} lives/min, {events / took:.0f} events/min, "
+        f"{sum(faults.values()) / took:.0f} faults injected/min ({dict(faults)}), "
+        f"{crashes} crashes, known issues met {dict(known)}, {len(failures)} failures"
+    )
+    for text in failures:
+        print("\n" + text)
+    assert not failures, "\n\n".join(failures)
