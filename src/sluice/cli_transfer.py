@@ -72,8 +72,11 @@ def _default_state_dir() -> Path:
 
 def add_transfer_parsers(sub: Any, client_args: Any) -> None:
     """Add `put` and `get` to the subcommand parsers."""
-    from sluice.client.stream import DEFAULT_CHUNK_BYTES, DEFAULT_STREAM_WINDOW  # noqa: PLC0415
-    from sluice.client.stream_reader import DEFAULT_STREAM_PREFETCH_BYTES  # noqa: PLC0415
+    from sluice.client.streams import (  # noqa: PLC0415
+        DEFAULT_CHUNK_BYTES,
+        DEFAULT_STREAM_PREFETCH_BYTES,
+        DEFAULT_STREAM_WINDOW,
+    )
 
     p = sub.add_parser("put", help="send a file as a stream (resumable)")
     client_args(p)
@@ -194,7 +197,7 @@ def run_put(args: argparse.Namespace) -> int:
     import uuid  # noqa: PLC0415
 
     from sluice.client import BlockingClient, StreamProgress, StreamResume  # noqa: PLC0415
-    from sluice.client.stream import STREAM_NAME, STREAM_SIZE, hash_prefix  # noqa: PLC0415
+    from sluice.client.streams import STREAM_NAME, STREAM_SIZE, hash_prefix  # noqa: PLC0415
     from sluice.errors import ClientError  # noqa: PLC0415
 
     path: Path = args.file.resolve()
