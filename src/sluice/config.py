@@ -30,6 +30,8 @@ DEFAULT_STOMP_PORT = 61613
 DEFAULT_QUEUE_PREFETCH = 1000
 DEFAULT_TOPIC_PREFETCH = 32767
 DEFAULT_DURABLE_PREFETCH = 100
+# `x-dedup-id`s remembered per destination (`limits.dedup_window`).
+DEFAULT_DEDUP_WINDOW = 10_000
 
 
 class StoreKind(enum.Enum):
@@ -97,7 +99,7 @@ class Limits:
     write_buffer_high_bytes: int = 1 * MiB
     write_buffer_low_bytes: int = 256 * KiB
     slow_consumer_timeout_s: float = 30.0
-    dedup_window: int = 10_000
+    dedup_window: int = DEFAULT_DEDUP_WINDOW
     max_message_groups: int = 1024
     max_destinations: int = 100_000
 

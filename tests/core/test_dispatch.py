@@ -318,3 +318,23 @@ def test_topic_slow_subscriber_holds_the_log_until_it_catches_up() -> None:
         slow.ack(tag)
         h.loop.run()
     assert topic.depth == 0
+
+
+def test_delivery_tags_are_each_connections_own() -> None:
+    """Tags count from 1 on every connection, whichever broker or connection came first, and
+    an ACK with another connection's tag is refused."""
+    tags = []
+    for _ in range(2):
+        h = Harness()
+        producer, _ = h.connect()
+        a, link_a = h.connect()
+        b, link_b = h.connect()
+        a.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL)
+        b.subscribe("s", "/topic/t", AckMode.CLIENT_INDIVIDUAL)
+        for i in range(2):
+            h.send(producer, "/queue/q", b"%d" % i)
+            h.send(producer, "/topic/t", b"%d" % i)
+        tags.append(([d[2] for d in link_a.delivered], [d[2] for d in link_b.delivered]))
+        with pytest.raises(RequestError):
+            b.ack(link_a.delivered[-1][2] + 100)
+    assert tags == [([1, 2], [1, 2]), ([1, 2], [1, 2])]

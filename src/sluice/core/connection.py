@@ -24,7 +24,7 @@ from sluice.core.message import (
     closes_group,
 )
 from sluice.core.selector import Selector, SelectorError, compile_selector
-from sluice.core.subscription import Link, Subscription
+from sluice.core.subscription import DeliveryTags, Link, Subscription
 from sluice.core.topic import Topic
 from sluice.core.transaction import Transaction
 from sluice.core.usage import Usage
@@ -76,7 +76,7 @@ class BrokerConnection:
         self.id = next(_connection_ids)
         self.subs: dict[str, Subscription] = {}
         self.wildcard_subs: dict[str, WildcardSubscription] = {}
-        self.tags: dict[int, Subscription] = {}
+        self.tags = DeliveryTags()
         self.txs: dict[str, Transaction] = {}
         # The memory usages this connection waits on to drain (at most a few).
         self._waiting_on: set[Usage] = set()

@@ -39,9 +39,11 @@ the last mark the store has confirmed.
 
 from __future__ import annotations
 
+import enum
 import itertools
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedDict
@@ -56,7 +58,7 @@ from sluice.core.usage import Usage
 
 if TYPE_CHECKING:
     from sluice.core.subscription import Subscription
-    from sluice.store.api import WriteHandle
+    from sluice.store.api import MessageStore, WriteHandle
 
 # Messages one dispatch pass looks at, and delivers, before it yields the loop.
 SCAN_LIMIT = 4096
@@ -66,12 +68,67 @@ MARK_STEP = 1000
 # Without a store that survives restarts there is nothing to mark.
 _NO_MARKS = 1 << 62
 
-_tags = itertools.count(1)
+
+class _Verdict(enum.Enum):
+    """What one dispatch pass does with one pending message."""
+
+    DELIVER = "deliver"  # to the subscription chosen
+    EXPIRED = "expired"  # dead-lettered after the pass
+    DISCARD = "discard"  # its stream's consumer died (stream_policy=discard): dead-lettered
+    HOPELESS = "hopeless"  # nobody can take it before something else happens: first to evict
+    SKIP = "skip"  # not now (no credit, no selector matches): evicted only as a last resort
+    WAIT = "wait"  # stays pending, never evicted (not stored, or not yet marked dispatched)
+    STOP = "stop"  # nothing after it may go in this pass
 
 
-def next_tag() -> int:
-    """A broker-wide unique delivery tag."""
-    return next(_tags)
+class DispatchMarks:
+    """The store's dispatch marks for one queue (module docstring, "Dispatch marks"): which
+    sequences may be delivered now, asking for the next mark before the current one runs out."""
+
+    def __init__(self, store: MessageStore, name: str, wakeup: Callable[[], None], *, on: bool):
+        self._store = store
+        self._name = name
+        self._wakeup = wakeup
+        self.confirmed = 0 if on else _NO_MARKS
+        self._requested = self.confirmed
+
+    def allows(self, seq: int) -> bool:
+        """Whether `seq` may be delivered now; asks for marks as needed."""
+        if seq > self.confirmed:
+            if self._requested < seq:
+                self._request(seq)
+            return False
+        if self._requested <= self.confirmed and seq > self.confirmed - MARK_STEP // 2:
+            self._request(self.confirmed)  # ask for the next mark before this one runs out
+        return True
+
+    def _request(self, seq: int) -> None:
+        target = seq + MARK_STEP
+        self._requested = target
+
+        def confirmed(handle: WriteHandle) -> None:
+            if target > self.confirmed:
+                self.confirmed = target
+            self._wakeup()
+
+        # Completions run on the loop after this returns, so the callback is in place in time.
+        self._store.mark_dispatched(self._name, target).on_complete = confirmed
+
+
+@dataclass
+class _Pass:
+    """What one dispatch pass has decided so far."""
+
+    ready: list[Subscription]
+    now_ms: int
+    delivered: int = 0
+    taken: list[int] = field(default_factory=list)
+    expired: list[tuple[int, Message]] = field(default_factory=list)
+    discarded: list[tuple[int, Message]] = field(default_factory=list)
+    hopeless: list[tuple[int, Message]] = field(default_factory=list)
+    skipped: list[tuple[int, Message]] = field(default_factory=list)
+    # Groups whose next message waits for its consumer's credit.
+    held: set[str] = field(default_factory=set)
 
 
 class Queue(QueuePaging):
@@ -99,8 +156,7 @@ class Queue(QueuePaging):
         # Sequences of messages left in the store alone whose write has not completed yet: they
         # cannot be read back before it does.
         self._unwritten: deque[int] = deque()
-        self.mark_confirmed = 0 if store_pages else _NO_MARKS
-        self._mark_requested = self.mark_confirmed
+        self.marks = DispatchMarks(services.store, name, self.wakeup, on=store_pages)
         # Recovered messages up to this sequence may have been delivered before the stop.
         self.recovered_mark = 0
         # The last sequence the store held at the start: chunks up to it belong to streams whose
@@ -215,18 +271,6 @@ class Queue(QueuePaging):
         else:
             self._unwritten.remove(seq)
         self.wakeup()
-
-    def _request_mark(self, seq: int) -> None:
-        target = seq + MARK_STEP
-        self._mark_requested = target
-
-        def confirmed(handle: WriteHandle) -> None:
-            if target > self.mark_confirmed:
-                self.mark_confirmed = target
-            self.wakeup()
-
-        # Completions run on the loop after this returns, so the callback is in place in time.
-        self.store.mark_dispatched(self.name, target).on_complete = confirmed
 
     @property
     def depth(self) -> int:
@@ -436,97 +480,89 @@ class Queue(QueuePaging):
         return None
 
     def dispatch(self) -> None:
-        """One pass: give pending messages to ready consumers."""
+        """One pass: give pending messages to ready consumers, a verdict per message, then
+        carry out what the pass decided (`_finish_pass`)."""
         pending = self.pending
-        evicted = self._evicted
-        if evicted or (self.store_pages and len(pending) < PAGE_MESSAGES // 2):
+        if self._evicted or (self.store_pages and len(pending) < PAGE_MESSAGES // 2):
             self._page_in()
         if not pending or not self.subscriptions:
             return
         ready = [s for s in self.subscriptions if s.ready()]
         if not ready:
             return
-        now_ms = self.services.now_ms()
-        taken: list[int] = []
-        expired: list[tuple[int, Message]] = []
-        discarded: list[tuple[int, Message]] = []
-        # Stored messages not delivered: those nobody can take before something else happens
-        # (their group waits for a consumer, or for an evicted message before them), and the
-        # rest (their consumer has no credit now, no selector matches).
-        hopeless: list[tuple[int, Message]] = []
-        skipped: list[tuple[int, Message]] = []
-        discarding = self.streams.discarded
-        # Groups whose next message waits for its consumer's credit.
-        held: set[str] = set()
-        # Without selectors, groups or an exclusive owner, a message nobody takes means nobody
-        # can take any: stop at the first refusal.
-        delivered = 0
+        p = _Pass(ready, self.services.now_ms())
         for scanned, (key, message) in enumerate(pending.items()):
-            if scanned >= SCAN_LIMIT or delivered >= DELIVER_LIMIT or not ready:
+            if scanned >= SCAN_LIMIT or p.delivered >= DELIVER_LIMIT or not ready:
                 break
-            if message.expires_ms and message.expired(now_ms):
-                expired.append((key, message))
-                continue
-            group_id = message.group_id
-            if discarding and group_id in discarding:
-                discarded.append((key, message))
-                continue
-            if evicted and group_id is not None and evicted.blocks(group_id, message.seq):
-                if message.in_store:
-                    hopeless.append((key, message))
-                continue
-            if message.seq > self.mark_confirmed:
-                # The store must know this message may be delivered before it is.
-                if self._mark_requested < message.seq:
-                    self._request_mark(message.seq)
-                continue
-            if (
-                self._mark_requested <= self.mark_confirmed
-                and message.seq > self.mark_confirmed - MARK_STEP // 2
-            ):
-                # Ask for the next mark before this one runs out.
-                self._request_mark(self.mark_confirmed)
-            if held and group_id in held:
-                if message.in_store:
-                    skipped.append((key, message))
-                continue
-            sub = self._choose(message, ready)
-            if sub is not None and not sub.fits(message):
-                # Not within its consumer's byte credit: nothing after it of its group (or
-                # of the queue, for an exclusive consumer) may overtake it.
-                if group_id is None or self.exclusive_owner is not None:
-                    break
-                held.add(group_id)
-                sub = None
-            if sub is None:
-                if not (
-                    self._has_selectors or group_id is not None or self.exclusive_owner is not None
-                ):
-                    break
-                if message.in_store:
-                    if (
-                        group_id is not None
-                        and self.exclusive_owner is None
-                        and group_id not in self.groups
-                    ):
-                        hopeless.append((key, message))
-                    else:
-                        skipped.append((key, message))
-                continue
-            taken.append(key)
-            delivered += 1
-            self._deliver(sub, message)
-            if not sub.ready():
-                ready.remove(sub)
-                if self._rr >= len(ready):
-                    self._rr = 0
-        for key in taken:
+            verdict, sub = self._verdict(message, p)
+            if verdict is _Verdict.DELIVER:
+                assert sub is not None
+                p.taken.append(key)
+                p.delivered += 1
+                self._deliver(sub, message)
+                if not sub.ready():
+                    ready.remove(sub)
+                    if self._rr >= len(ready):
+                        self._rr = 0
+            elif verdict is _Verdict.STOP:
+                break
+            elif verdict is _Verdict.EXPIRED:
+                p.expired.append((key, message))
+            elif verdict is _Verdict.DISCARD:
+                p.discarded.append((key, message))
+            elif verdict is _Verdict.HOPELESS:
+                p.hopeless.append((key, message))
+            elif verdict is _Verdict.SKIP:
+                p.skipped.append((key, message))
+        self._finish_pass(p)
+
+    def _verdict(self, message: Message, p: _Pass) -> tuple[_Verdict, Subscription | None]:
+        """What this pass does with `message` (and to whom it goes). Only messages in the store
+        may be evicted, so a verdict to evict is WAIT for the others."""
+        if message.expires_ms and message.expired(p.now_ms):
+            return _Verdict.EXPIRED, None
+        group_id = message.group_id
+        discarding = self.streams.discarded
+        if discarding and group_id in discarding:
+            return _Verdict.DISCARD, None
+        evicted = self._evicted
+        if evicted and group_id is not None and evicted.blocks(group_id, message.seq):
+            return (_Verdict.HOPELESS if message.in_store else _Verdict.WAIT), None
+        if not self.marks.allows(message.seq):
+            return _Verdict.WAIT, None
+        if p.held and group_id in p.held:
+            return (_Verdict.SKIP if message.in_store else _Verdict.WAIT), None
+        sub = self._choose(message, p.ready)
+        if sub is not None and not sub.fits(message):
+            # Not within its consumer's byte credit: nothing after it of its group (or of the
+            # queue, for an exclusive consumer) may overtake it.
+            if group_id is None or self.exclusive_owner is not None:
+                return _Verdict.STOP, None
+            p.held.add(group_id)
+            sub = None
+        if sub is not None:
+            return _Verdict.DELIVER, sub
+        if not (self._has_selectors or group_id is not None or self.exclusive_owner is not None):
+            # Without selectors, groups or an exclusive owner, a message nobody takes means
+            # nobody can take any.
+            return _Verdict.STOP, None
+        if not message.in_store:
+            return _Verdict.WAIT, None
+        if group_id is not None and self.exclusive_owner is None and group_id not in self.groups:
+            return _Verdict.HOPELESS, None  # its group waits for a consumer with room for it
+        return _Verdict.SKIP, None
+
+    def _finish_pass(self, p: _Pass) -> None:
+        """Remove what was delivered, dead-letter what expired or was discarded, evict from
+        memory what the pass could not deliver when memory is full, and go on if cut short."""
+        pending = self.pending
+        for key in p.taken:
             del pending[key]
-        for key, message in expired:
+        for key, message in p.expired:
             del pending[key]
             self._drop(message)
             self.services.dead_letter(message, "expired")
-        for key, message in discarded:
+        for key, message in p.discarded:
             del pending[key]
             self._drop(message)
             self.services.dead_letter(
@@ -534,13 +570,13 @@ class Queue(QueuePaging):
             )
             if closes_group(message.headers) and message.group_id is not None:
                 self.streams.closed(message.group_id)
-        if expired or discarded:
+        if p.expired or p.discarded:
             self.wakeup()  # what they held is free: read on
-        if self.store_pages and self.usage.full and (hopeless or (skipped and not delivered)):
+        if self.store_pages and self.usage.full and (p.hopeless or (p.skipped and not p.delivered)):
             # Memory is full: make room for what can go somewhere, dropping first what cannot
             # (and, if nothing could be delivered at all, whatever was not).
-            self._evict_all(hopeless if delivered else hopeless + skipped)
-        if delivered >= DELIVER_LIMIT and ready and pending:
+            self._evict_all(p.hopeless if p.delivered else p.hopeless + p.skipped)
+        if p.delivered >= DELIVER_LIMIT and p.ready and pending:
             self.wakeup()
 
     def _deliver(self, sub: Subscription, message: Message) -> None:
@@ -551,8 +587,7 @@ class Queue(QueuePaging):
             sub.link.deliver(sub, message, 0, message.delivery_count)
             self.settle(sub, message)
             return
-        tag = next(_tags)
+        tag = sub.tags.issue(sub)
         sub.inflight[tag] = message
         sub.inflight_bytes += message.nbytes
-        sub.tags[tag] = sub
         sub.link.deliver(sub, message, tag, message.delivery_count)

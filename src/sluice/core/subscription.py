@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from sluice.core.message import AckMode, Message
+from sluice.core.message import AckMode, DestinationKind, Message
 
 _JMS_IDENTIFIERS: dict[str, Callable[[Message], object]] = {
     "JMSMessageID": lambda m: m.message_id,
@@ -44,8 +44,42 @@ def message_lookup(message: Message) -> Callable[[str], object | None]:
 
 
 if TYPE_CHECKING:
-    from sluice.core.destination import Destination
     from sluice.core.selector import Selector
+    from sluice.store.api import WriteHandle
+
+
+class Source(Protocol):
+    """What a subscription's destination answers to (a queue or a topic, `Destination`): the
+    subscription's holders settle, requeue and leave through it. Declared here so that
+    subscriptions need not import destinations, which hold subscriptions."""
+
+    name: str
+    kind: DestinationKind
+
+    def settle(
+        self,
+        sub: Subscription,
+        message: Message,
+        *,
+        store_removed: bool = False,
+        on_removed: Callable[[WriteHandle | None], None] | None = None,
+    ) -> None:
+        """A delivered message was acknowledged."""
+        ...
+
+    def requeue(
+        self, sub: Subscription, deliveries: list[tuple[int, Message]], *, redelivered: bool
+    ) -> None:
+        """Delivered messages (tag, message) come back, in delivery order."""
+        ...
+
+    def remove_subscription(self, sub: Subscription) -> None:
+        """A consumer left; its in-flight messages were requeued first."""
+        ...
+
+    def wakeup(self) -> None:
+        """Something changed that may let messages move: dispatch soon."""
+        ...
 
 
 class Link(Protocol):
@@ -83,6 +117,25 @@ class Durable:
         return f"<Durable {self.client_id}/{self.name} cursor={self.cursor}>"
 
 
+class DeliveryTags(dict[int, "Subscription"]):
+    """A connection's delivery tags: tag -> the subscription its message went to. Numbers are
+    the connection's own, from 1, so brokers and connections in one process never share a
+    counter."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last = 0
+
+    def issue(self, sub: Subscription) -> int:
+        """A new tag for a delivery to `sub`."""
+        self._last += 1
+        tag = self._last
+        self[tag] = sub
+        return tag
+
+
 class Subscription:
     """One SUBSCRIBE of one connection to one destination (or a durable subscription)."""
 
@@ -115,7 +168,7 @@ class Subscription:
         self,
         link: Link,
         sub_id: str,
-        destination: Destination,
+        destination: Source,
         ack_mode: AckMode,
         prefetch: int,
         prefetch_bytes: int = 0,
@@ -125,7 +178,7 @@ class Subscription:
         max_open_groups: int = 0,
         durable_name: str | None = None,
         client_id: str | None = None,
-        tags: dict[int, Subscription] | None = None,
+        tags: DeliveryTags | None = None,
     ) -> None:
         self.link = link
         self.id = sub_id
@@ -144,9 +197,8 @@ class Subscription:
         self.inflight_bytes = 0
         # Delivery counts above 1 of in-flight topic messages (a queue message carries its own).
         self.inflight_counts: dict[int, int] = {}
-        # The connection-wide map from delivery tag to subscription (STOMP 1.2 ACK carries only
-        # the tag).
-        self.tags: dict[int, Subscription] = {} if tags is None else tags
+        # The connection's delivery tags (STOMP 1.2 ACK carries only the tag).
+        self.tags = DeliveryTags() if tags is None else tags
         # Message groups this subscription owns (group id -> when it last got one of their
         # messages, in ms).
         self.groups: dict[str, int] = {}
@@ -173,6 +225,11 @@ class Subscription:
         if len(inflight) >= self.prefetch:
             return False
         return not self.prefetch_bytes or self.inflight_bytes < self.prefetch_bytes
+
+    def resume_offset(self) -> int:
+        """A topic subscription: the sequence it would deliver next (what it read back from
+        the store but did not deliver yet included), where a reader of the log resumes."""
+        return self.backlog[0].seq if self.backlog else self.next_seq
 
     def fits(self, message: Message) -> bool:
         """Does the message fit in the byte credit left (always, with nothing in flight)?"""

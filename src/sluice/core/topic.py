@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from sluice.config import DestinationPolicy
 from sluice.core.destination import Destination, Services
 from sluice.core.message import DestinationKind, Message
-from sluice.core.queue import DELIVER_LIMIT, next_tag
+from sluice.core.queue import DELIVER_LIMIT
 from sluice.core.subscription import Durable
 from sluice.core.usage import Usage
 from sluice.errors import RequestError
@@ -221,6 +221,11 @@ class Topic(Destination):
         if stored:
             candidates.append(stored)
         return min(candidates) if candidates else self.last_seq + 1
+
+    def offsets(self) -> tuple[int, int]:
+        """(first, last): the oldest sequence kept and the newest subscribers may see, what a
+        reader of the log (the Spark source) may ask for."""
+        return self.earliest_seq(), self.visible_seq
 
     def resolve_offset(self, spec: str) -> int:
         """The first sequence a reader starting at `spec` gets."""
@@ -620,10 +625,9 @@ class Topic(Destination):
             if sub.durable is not None:
                 self._advance_cursor(sub, sub.durable)
             return
-        tag = next_tag()
+        tag = sub.tags.issue(sub)
         sub.inflight[tag] = message
         sub.inflight_bytes += message.nbytes
         if count > 1:
             sub.inflight_counts[tag] = count
-        sub.tags[tag] = sub
         sub.link.deliver(sub, message, tag, count)

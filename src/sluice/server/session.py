@@ -339,9 +339,8 @@ class StompSession(asyncio.Protocol):
             topic = sub.destination if sub is not None else None
             if isinstance(topic, Topic):
                 # Readers of a topic's log (the Spark source) learn what it keeps from the receipt.
-                extra = (
-                    f"x-first-offset:{topic.earliest_seq()}\nx-last-offset:{topic.visible_seq}\n"
-                )
+                first, last = topic.offsets()
+                extra = f"x-first-offset:{first}\nx-last-offset:{last}\n"
             self._receipt(receipt, extra)
 
     def _on_unsubscribe(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
@@ -356,8 +355,7 @@ class StompSession(asyncio.Protocol):
         extra = ""
         if sub is not None and isinstance(sub.destination, Topic):
             # Where this cursor stopped: a reader of the log (the Spark source) resumes there.
-            next_seq = sub.backlog[0].seq if sub.backlog else sub.next_seq
-            extra = f"x-next-offset:{next_seq}\n"
+            extra = f"x-next-offset:{sub.resume_offset()}\n"
         core.unsubscribe(sub_id, durable_name)
         if receipt is not None:
             self._receipt(receipt, extra)

@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sluice.config import DEFAULT_STOMP_HOST, DEFAULT_STOMP_PORT
+from sluice.config import DEFAULT_DEDUP_WINDOW, DEFAULT_STOMP_HOST, DEFAULT_STOMP_PORT
 from sluice.errors import ConfigError
 
 __all__ = [
@@ -38,8 +38,6 @@ DEFAULT_BROKER = f"{DEFAULT_STOMP_HOST}:{DEFAULT_STOMP_PORT}"
 DEFAULT_CLIENT_ID = "sluice-spark"
 # Messages the broker may send a reading task ahead of its acknowledgements.
 DEFAULT_PREFETCH = 1000
-# The broker's default `limits.dedup_window` (ids kept per destination).
-DEFAULT_DEDUP_WINDOW = 10_000
 DEFAULT_TIMEOUT_MS = 30_000
 EARLIEST = "earliest"
 LATEST = "latest"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedDict
 
+from sluice.config import DEFAULT_DEDUP_WINDOW
 from sluice.store.api import (
     DEDUP_HEADER,
     CompletionSink,
@@ -38,7 +39,7 @@ class MemoryStore:
 
     pages_to_disk = False
 
-    def __init__(self, dedup_window: int = 10_000) -> None:
+    def __init__(self, dedup_window: int = DEFAULT_DEDUP_WINDOW) -> None:
         self._sink: CompletionSink | None = None
         self._dedup_window = dedup_window
         self._dedup: dict[str, deque[str]] = {}

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from sluice.config import StoreConfig, SyncPolicy
+from sluice.config import DEFAULT_DEDUP_WINDOW, StoreConfig, SyncPolicy
 from sluice.errors import CorruptionError, StoreError
 from sluice.store.api import (
     CompletionSink,
@@ -49,7 +49,6 @@ from sluice.store.journal.writer import Writer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DEDUP_WINDOW = 10_000
 
 # What load() picked: committed location, or the record bytes of a not yet written add.
 _Source = tuple[int, int, int] | list[bytes]

@@ -14,7 +14,7 @@ from typing import TextIO
 
 import lmdb
 
-from sluice.config import StoreConfig
+from sluice.config import DEFAULT_DEDUP_WINDOW, StoreConfig
 from sluice.errors import CorruptionError, StoreError
 from sluice.store.api import WriteHandle
 from sluice.store.journal import format as fmt
@@ -180,7 +180,7 @@ def _verify_start(cfg: StoreConfig, report: VerifyReport) -> None:
     """The start's own checks, dry: a start that would fail is a problem, named as the start
     would name it; what it would do otherwise (cut a torn tail, rebuild the index) is listed."""
     try:
-        recovered = recover(cfg, dedup_window=10_000, durable=True, dry_run=True)
+        recovered = recover(cfg, dedup_window=DEFAULT_DEDUP_WINDOW, durable=True, dry_run=True)
     except (StoreError, OSError) as exc:
         report.problems.append(f"a start would fail: {exc}")
         return
@@ -236,7 +236,7 @@ class RebuildResult:
 def rebuild_index(data_dir: Path, config: StoreConfig | None = None) -> RebuildResult:
     """Throw the index away and rebuild it from every data file."""
     cfg = _config(data_dir, config)
-    recovered = recover(cfg, dedup_window=10_000, durable=True, force_rebuild=True)
+    recovered = recover(cfg, dedup_window=DEFAULT_DEDUP_WINDOW, durable=True, force_rebuild=True)
     destinations, subscriptions = recovered.state.recovered()
     assert recovered.head is not None
     recovered.head.close()
