@@ -8,9 +8,9 @@ import io
 
 import pytest
 
-from sluice.cli_getdir import MAX_NAME_BYTES, safe_name
-from sluice.cli_progress import Progress, format_bytes, format_duration
-from sluice.cli_transfer import _size
+from sluice.cli.getdir import MAX_NAME_BYTES, safe_name
+from sluice.cli.progress import Progress, format_bytes, format_duration
+from sluice.cli.transfer import _size
 from sluice.client.message import Message
 from sluice.client.streams.chunks import parse_chunk
 from sluice.client.streams.options import StreamOptionFields, StreamOptions

@@ -13,7 +13,7 @@ nothing visible, and the next run sends the whole file again in one transaction,
 stream id and dedup ids (so a COMMIT whose receipt was lost is not repeated).
 
 get. Streams are written to `DIR/<name>.part` and renamed to `DIR/<name>` once the SHA-256 has
-matched; see `sluice.cli_getdir` for how a restarted get continues a part file.
+matched; see `sluice.cli.getdir` for how a restarted get continues a part file.
 """
 
 from __future__ import annotations
@@ -29,17 +29,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sluice.cli_getdir import GetDir, PartRecord
-from sluice.cli_progress import Progress, format_bytes
+from sluice.cli.exitcodes import ExitCode
+from sluice.cli.getdir import GetDir, PartRecord
+from sluice.cli.options import Runner, add_client_args
+from sluice.cli.progress import Progress, format_bytes
 from sluice.errors import SluiceError
 
 if TYPE_CHECKING:
     from sluice.client.streams import StreamResume
 
-__all__ = ["TransferError", "add_transfer_parsers", "run_get", "run_put"]
-
-EXIT_OK = 0
-EXIT_FAILURE = 1
+__all__ = ["TransferError", "add_parsers", "run_get", "run_put"]
 
 # The put state file is written at most this often while chunks are receipted.
 STATE_SAVE_INTERVAL_S = 0.2
@@ -73,8 +72,8 @@ def _default_state_dir() -> Path:
     return Path(base) / "sluice" / "put"
 
 
-def add_transfer_parsers(sub: Any, client_args: Any) -> None:
-    """Add `put` and `get` to the subcommand parsers."""
+def add_parsers(sub: Any) -> dict[str, Runner]:
+    """Add `put` and `get` to the subcommand parsers; return their runners by name."""
     from sluice.client.streams import (  # noqa: PLC0415
         DEFAULT_CHUNK_BYTES,
         DEFAULT_STREAM_PREFETCH_BYTES,
@@ -82,7 +81,7 @@ def add_transfer_parsers(sub: Any, client_args: Any) -> None:
     )
 
     p = sub.add_parser("put", help="send a file as a stream (resumable)")
-    client_args(p)
+    add_client_args(p)
     p.add_argument("file", type=Path)
     p.add_argument("destination")
     p.add_argument(
@@ -111,7 +110,7 @@ def add_transfer_parsers(sub: Any, client_args: Any) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
     g = sub.add_parser("get", help="receive streams into files in a directory (resumable)")
-    client_args(g)
+    add_client_args(g)
     g.add_argument("destination")
     g.add_argument("directory", type=Path)
     g.add_argument(
@@ -127,6 +126,7 @@ def add_transfer_parsers(sub: Any, client_args: Any) -> None:
         help="the broker's byte credit (default %(default)s)",
     )
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summaries")
+    return {"put": run_put, "get": run_get}
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -302,7 +302,7 @@ def run_put(args: argparse.Namespace) -> int:
         f" chunks, {format_bytes(progress.average_rate())}/s, stream {sent.stream_id}"
         f" sha256 {sent.sha256}",
     )
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # -- get --------------------------------------------------------------------------------------
@@ -469,4 +469,4 @@ def run_get(args: argparse.Namespace) -> int:
             f"{getter.failures} corrupt streams and {skipped} chunks out of place were dropped"
             f" (received {getter.received})"
         )
-    return EXIT_OK
+    return ExitCode.OK

@@ -1,4 +1,4 @@
-"""The `sluice bench` subcommand: argument parsing, running a scenario, printing its report.
+"""`sluice bench`: its arguments, the plan they make for `sluice.bench`, the report it prints.
 
     sluice bench throughput --producers P --consumers C --size BYTES --count N [--persistent]
     sluice bench sync --producers P --size BYTES --count N [--persistent]
@@ -8,8 +8,8 @@
 Every scenario takes `--broker HOST:PORT --login --passcode --host-header` (the CONNECT `host`
 header, RabbitMQ's virtual host), `--json FILE`, `--warmup N`, `--timeout S`, `--processes`,
 `--drain-grace S` and `--broker-pid PID` (to read the broker's CPU time and memory from /proc).
-Exit codes: 0 when the run completed and every message arrived exactly once, 1 otherwise (with a
-one-line reason on stderr), 2 for a usage error.
+Exit codes (`ExitCode`): 0 when the run completed and every message arrived exactly once, 1
+otherwise (with a one-line reason on stderr), 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -32,14 +32,11 @@ from sluice.bench.payload import HEAD_BYTES, HEAD_STRUCT
 from sluice.bench.report import format_clients, summarize_clients, write_json
 from sluice.bench.roles import ACK_MODES, ConsumerSpec, ProducerSpec, receipt_window
 from sluice.bench.runner import ClientsPlan, run_clients
+from sluice.cli.exitcodes import ExitCode
+from sluice.cli.options import DEFAULT_BROKER, Runner
 
-__all__ = ["add_bench_parser", "parse_broker", "run_bench", "split_count"]
+__all__ = ["add_parsers", "parse_broker", "run_bench", "split_count"]
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-
-DEFAULT_BROKER = "127.0.0.1:61613"
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SIZE_BYTES = 1024
 DEFAULT_DRAIN_GRACE_S = 1.0
@@ -234,9 +231,9 @@ def _flow(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_bench_parser(subparsers: Any) -> None:
-    """Add `bench` and its scenarios to the `sluice` command's subparsers."""
-    bench = subparsers.add_parser(
+def add_parsers(sub: Any) -> dict[str, Runner]:
+    """Add `bench` and its scenarios to the subcommand parsers; return its runner by name."""
+    bench = sub.add_parser(
         "bench",
         help="load-test a STOMP broker",
         description="Load-test any STOMP 1.2 broker; every message is verified to arrive once.",
@@ -266,6 +263,7 @@ def add_bench_parser(subparsers: Any) -> None:
     c = scenarios.add_parser("connections", help="many connections held open at a low rate")
     _connections_args(c)
     _common(c)
+    return {"bench": run_bench}
 
 
 def _connections_args(p: argparse.ArgumentParser) -> None:
@@ -420,8 +418,8 @@ def _run_clients(args: argparse.Namespace) -> int:
         write_json(args.json, args.scenario, options_of(args), results)
     if not results["ok"]:
         print(f"sluice bench {args.scenario}: {results['failure']}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
+        return ExitCode.FAILURE
+    return ExitCode.OK
 
 
 def _connections_plan(args: argparse.Namespace) -> ConnectionsPlan:
@@ -451,7 +449,7 @@ def _run_connections(args: argparse.Namespace) -> int:
             f"--size at least {HEAD_STRUCT.size}",
             file=sys.stderr,
         )
-        return EXIT_USAGE
+        return ExitCode.USAGE
     plan = _connections_plan(args)
     host, port = args.broker
     print(
@@ -467,8 +465,8 @@ def _run_connections(args: argparse.Namespace) -> int:
         write_json(args.json, "connections", options_of(args), summary)
     if not summary["ok"]:
         print(f"sluice bench connections: {summary['failure']}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
+        return ExitCode.FAILURE
+    return ExitCode.OK
 
 
 def run_bench(args: argparse.Namespace) -> int:
