@@ -12,9 +12,9 @@ from sluice.cli.getdir import MAX_NAME_BYTES, safe_name
 from sluice.cli.progress import Progress, format_bytes, format_duration
 from sluice.cli.transfer import _size
 from sluice.client.message import Message
+from sluice.client.streams.chunker import _Rechunker
 from sluice.client.streams.chunks import parse_chunk
 from sluice.client.streams.options import StreamOptionFields, StreamOptions
-from sluice.client.streams.source import _Rechunker
 from sluice.errors import ClientError
 
 

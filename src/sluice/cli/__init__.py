@@ -3,7 +3,7 @@ point and `python -m sluice`'s.
 
 - `entry`: the parser of every command, and `main`;
 - `exitcodes`: `ExitCode`, what every command exits with;
-- `options`: what the groups share (client options, `UsageError`, the runner type);
+- `common`: what the groups share (client options, `UsageError`, the runner type);
 - `broker`: `sluice broker`;
 - `messages`: `sluice send` and `sluice recv`;
 - `transfer`: `sluice put` and `sluice get` (with `getdir`, the receiving directory, and

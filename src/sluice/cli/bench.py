@@ -32,8 +32,8 @@ from sluice.bench.payload import HEAD_BYTES, HEAD_STRUCT
 from sluice.bench.report import format_clients, summarize_clients, write_json
 from sluice.bench.roles import ACK_MODES, ConsumerSpec, ProducerSpec, receipt_window
 from sluice.bench.runner import ClientsPlan, run_clients
+from sluice.cli.common import DEFAULT_BROKER, Runner
 from sluice.cli.exitcodes import ExitCode
-from sluice.cli.options import DEFAULT_BROKER, Runner
 
 __all__ = ["add_parsers", "parse_broker", "run_bench", "split_count"]
 

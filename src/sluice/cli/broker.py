@@ -12,8 +12,8 @@ from typing import Any
 
 from sluice import __version__
 from sluice import config as config_mod
+from sluice.cli.common import Runner
 from sluice.cli.exitcodes import ExitCode
-from sluice.cli.options import Runner
 
 __all__ = ["add_parsers"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from sluice import __version__
 from sluice.cli import bench, broker, messages, store, transfer
+from sluice.cli.common import Runner, UsageError
 from sluice.cli.exitcodes import ExitCode
-from sluice.cli.options import Runner, UsageError
 from sluice.errors import SluiceError
 
 __all__ = ["build_parser", "main"]

@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from sluice.cli.common import Runner, UsageError, add_client_args
 from sluice.cli.exitcodes import ExitCode
-from sluice.cli.options import Runner, UsageError, add_client_args
 
 __all__ = ["add_parsers"]
 

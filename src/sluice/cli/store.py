@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sluice.cli.common import Runner
 from sluice.cli.exitcodes import ExitCode
-from sluice.cli.options import Runner
 
 __all__ = ["add_parsers"]
 

@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sluice.cli.common import Runner, add_client_args
 from sluice.cli.exitcodes import ExitCode
 from sluice.cli.getdir import GetDir, PartRecord
-from sluice.cli.options import Runner, add_client_args
 from sluice.cli.progress import Progress, format_bytes
 from sluice.errors import SluiceError
 

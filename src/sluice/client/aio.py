@@ -39,7 +39,7 @@ from sluice.client.options import (
     ClientOptions,
 )
 from sluice.client.pipeline import PipelinedReceipt
-from sluice.client.registry import SubscriptionRegistry
+from sluice.client.routing import SubscriptionRegistry
 from sluice.client.slots import Slots
 from sluice.client.state import ClientState
 from sluice.client.streams.methods import StreamMethods

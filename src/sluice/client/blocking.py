@@ -22,10 +22,10 @@ from sluice.client.aio import Client
 from sluice.client.message import AckMode, Message
 from sluice.client.options import DEFAULT_BROKERS, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES
 from sluice.client.streams.blocking import BlockingStreamReader
+from sluice.client.streams.chunker import StreamSource
 from sluice.client.streams.options import StreamOptionFields, StreamOptions
 from sluice.client.streams.reader import DEFAULT_STREAM_PREFETCH_BYTES, GapPolicy
 from sluice.client.streams.send import SentStream
-from sluice.client.streams.source import StreamSource
 from sluice.client.subscription import ClientSubscription, MessageCallback
 from sluice.errors import ClientError
 

@@ -2,7 +2,7 @@
 
 - `headers`: the chunk headers, named once;
 - `options`: `StreamOptions` (how a stream is sent), `StreamResume`, `StreamProgress`;
-- `source`: what a stream is read from, cut into chunks;
+- `chunker`: what a stream is read from (`StreamSource`), cut into chunks;
 - `send`: `send_stream`, a bounded window of pipelined chunks;
 - `chunks`: a received chunk's headers, parsed and checked;
 - `inbound`: `InboundStream`, one stream read like a file;
@@ -17,6 +17,7 @@ Nothing here imports `sluice.client.aio`: the client depends on its streams, not
 from __future__ import annotations
 
 from sluice.client.streams.blocking import BlockingInboundStream, BlockingStreamReader
+from sluice.client.streams.chunker import StreamSource
 from sluice.client.streams.headers import STREAM_NAME, STREAM_SIZE
 from sluice.client.streams.inbound import InboundStream, StreamState
 from sluice.client.streams.options import (
@@ -31,7 +32,6 @@ from sluice.client.streams.options import (
 )
 from sluice.client.streams.reader import DEFAULT_STREAM_PREFETCH_BYTES, GapPolicy, StreamReader
 from sluice.client.streams.send import SentStream
-from sluice.client.streams.source import StreamSource
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",

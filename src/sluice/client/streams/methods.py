@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Unpack
 
+from sluice.client.streams.chunker import StreamSource
 from sluice.client.streams.options import StreamOptionFields, StreamOptions
 from sluice.client.streams.reader import DEFAULT_STREAM_PREFETCH_BYTES, GapPolicy, StreamReader
 from sluice.client.streams.send import SentStream, send_stream
-from sluice.client.streams.source import StreamSource
 from sluice.client.streams.transport import ReadTransport, SendTransport
 
 __all__ = ["StreamMethods"]

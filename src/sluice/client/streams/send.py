@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from sluice.client.pipeline import PipelinedReceipt
+from sluice.client.streams.chunker import StreamSource, source_chunks
 from sluice.client.streams.headers import (
     DEDUP_ID,
     GROUP_ID,
@@ -35,7 +36,6 @@ from sluice.client.streams.headers import (
     STREAM_SHA256,
 )
 from sluice.client.streams.options import StreamOptions, StreamProgress
-from sluice.client.streams.source import StreamSource, source_chunks
 from sluice.client.streams.transport import SendTransport
 from sluice.errors import ClientError
 
