@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sluice.core.connection import SubscribeOptions
 from sluice.core.message import AckMode
 from sluice.errors import LimitExceeded, RequestError
 
@@ -27,7 +28,7 @@ def test_prefetch_in_messages_then_ack_frees_credit() -> None:
     h = Harness()
     producer, _ = h.connect()
     consumer, link = h.connect()
-    consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, prefetch=2)
+    consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(prefetch=2))
     for i in range(5):
         h.send(producer, "/queue/q", b"%d" % i)
     assert link.bodies() == [b"0", b"1"]
@@ -41,7 +42,12 @@ def test_prefetch_in_bytes_allows_one_oversize_message() -> None:
     h = Harness()
     producer, _ = h.connect()
     consumer, link = h.connect()
-    consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, prefetch=100, prefetch_bytes=10)
+    consumer.subscribe(
+        "s",
+        "/queue/q",
+        AckMode.CLIENT_INDIVIDUAL,
+        SubscribeOptions(prefetch=100, prefetch_bytes=10),
+    )
     h.send(producer, "/queue/q", b"x" * 50)
     h.send(producer, "/queue/q", b"y")
     # The first exceeds the byte credit on its own and still moves; then credit is exhausted.
@@ -56,7 +62,12 @@ def test_prefetch_in_bytes_is_a_cap() -> None:
     producer, _ = h.connect()
     consumer, link = h.connect()
     # Room for two and a half messages: the third would go over the credit, so it waits.
-    consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, prefetch=100, prefetch_bytes=25)
+    consumer.subscribe(
+        "s",
+        "/queue/q",
+        AckMode.CLIENT_INDIVIDUAL,
+        SubscribeOptions(prefetch=100, prefetch_bytes=25),
+    )
     for i in range(5):
         h.send(producer, "/queue/q", b"%d" % i * 10)
     assert link.bodies() == [b"0" * 10, b"1" * 10]
@@ -73,7 +84,12 @@ def test_byte_credit_holds_a_group_back_in_order() -> None:
     consumer, link = h.connect()
     # Each message counts its header too (14 bytes): two of 24 fit, a third does not, though
     # the short one after it would (63 of 65 bytes).
-    consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, prefetch=100, prefetch_bytes=65)
+    consumer.subscribe(
+        "s",
+        "/queue/q",
+        AckMode.CLIENT_INDIVIDUAL,
+        SubscribeOptions(prefetch=100, prefetch_bytes=65),
+    )
     headers = {"JMSXGroupID": "g"}
     for body in (b"a" * 10, b"b" * 10, b"c" * 10, b"d"):
         h.send(producer, "/queue/q", body, headers=dict(headers))
@@ -91,7 +107,7 @@ def test_unwritable_link_is_skipped_until_it_drains() -> None:
     slow, slow_link = h.connect()
     fast, fast_link = h.connect()
     sub = slow.subscribe("s", "/queue/q", AckMode.AUTO)
-    fast.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, prefetch=2)
+    fast.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(prefetch=2))
     slow_link.writable = False
     for i in range(4):
         h.send(producer, "/queue/q", b"%d" % i)
@@ -110,7 +126,7 @@ def test_nack_puts_message_back_at_its_place() -> None:
     h = Harness()
     producer, _ = h.connect()
     consumer, link = h.connect()
-    consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, prefetch=1)
+    consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(prefetch=1))
     for i in range(3):
         h.send(producer, "/queue/q", b"%d" % i)
     ((_, first, tag, count),) = link.take()
@@ -218,8 +234,8 @@ def test_new_groups_go_to_least_loaded_and_respect_max_open_groups() -> None:
     producer, _ = h.connect()
     a, link_a = h.connect()
     b, link_b = h.connect()
-    a.subscribe("s", "/queue/g", AckMode.CLIENT_INDIVIDUAL, max_open_groups=1)
-    b.subscribe("s", "/queue/g", AckMode.CLIENT_INDIVIDUAL, max_open_groups=1)
+    a.subscribe("s", "/queue/g", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(max_open_groups=1))
+    b.subscribe("s", "/queue/g", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(max_open_groups=1))
     for group in ("x", "y", "z"):
         h.send(producer, "/queue/g", group.encode(), headers={"JMSXGroupID": group})
     # Two consumers, one open group each: the third group waits.
@@ -308,7 +324,7 @@ def test_topic_slow_subscriber_holds_the_log_until_it_catches_up() -> None:
     h = Harness()
     producer, _ = h.connect()
     slow, slow_link = h.connect()
-    slow.subscribe("s", "/topic/t", AckMode.CLIENT_INDIVIDUAL, prefetch=1)
+    slow.subscribe("s", "/topic/t", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(prefetch=1))
     for i in range(3):
         h.send(producer, "/topic/t", b"%d" % i)
     topic = h.broker.destinations["/topic/t"]

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sluice.core.connection import BrokerConnection
+from sluice.core.connection import BrokerConnection, SubscribeOptions
 from sluice.core.message import AckMode
 
 from .fakes import FakeLink, Harness
@@ -62,7 +62,7 @@ class QueueModel(RuleBasedStateMachine):
     @rule(prefetch=st.integers(1, 4), mode=st.sampled_from(["client-individual", "client"]))
     def subscribe(self, prefetch: int, mode: str) -> None:
         conn, link = self.h.connect()
-        conn.subscribe("s", QUEUE, AckMode(mode), prefetch=prefetch)
+        conn.subscribe("s", QUEUE, AckMode(mode), SubscribeOptions(prefetch=prefetch))
         self.consumers.append(Consumer(self.count_consumers, conn, link))
         self.count_consumers += 1
         self.h.loop.run()

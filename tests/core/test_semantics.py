@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from sluice.core.connection import SubscribeOptions
 from sluice.core.message import AckMode
 from sluice.core.topic import Topic
 from sluice.errors import RequestError
@@ -22,7 +23,9 @@ def test_durable_subscription_receives_what_was_published_while_away() -> None:
     h = Harness()
     producer, _ = h.connect()
     sub, link = h.connect("client-1")
-    sub.subscribe("d", "/topic/t", AckMode.CLIENT_INDIVIDUAL, durable_name="audit")
+    sub.subscribe(
+        "d", "/topic/t", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(durable_name="audit")
+    )
     h.send(producer, "/topic/t", b"one")
     ((_, first, tag, _),) = link.take()
     sub.ack(tag)
@@ -30,7 +33,7 @@ def test_durable_subscription_receives_what_was_published_while_away() -> None:
     h.send(producer, "/topic/t", b"two")
     h.send(producer, "/topic/t", b"three")
     back, back_link = h.connect("client-1")
-    back.subscribe("d", "/topic/t", AckMode.AUTO, durable_name="audit")
+    back.subscribe("d", "/topic/t", AckMode.AUTO, SubscribeOptions(durable_name="audit"))
     h.loop.run()
     assert back_link.bodies() == [b"two", b"three"]
     assert first.body == b"one"
@@ -40,13 +43,13 @@ def test_durable_unacked_messages_come_back_marked_redelivered() -> None:
     h = Harness()
     producer, _ = h.connect()
     sub, link = h.connect("c")
-    sub.subscribe("d", "/topic/t", AckMode.CLIENT_INDIVIDUAL, durable_name="n")
+    sub.subscribe("d", "/topic/t", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(durable_name="n"))
     h.send(producer, "/topic/t", b"a")
     h.send(producer, "/topic/t", b"b")
     sub.ack(link.delivered[0][2])
     sub.close()
     again, again_link = h.connect("c")
-    again.subscribe("d", "/topic/t", AckMode.CLIENT_INDIVIDUAL, durable_name="n")
+    again.subscribe("d", "/topic/t", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(durable_name="n"))
     h.loop.run()
     ((_, message, _, count),) = again_link.take()
     assert (message.body, count) == (b"b", 2)
@@ -56,19 +59,19 @@ def test_durable_needs_client_id_and_only_one_consumer() -> None:
     h = Harness()
     anonymous, _ = h.connect()
     with pytest.raises(RequestError, match="client-id"):
-        anonymous.subscribe("d", "/topic/t", AckMode.AUTO, durable_name="n")
+        anonymous.subscribe("d", "/topic/t", AckMode.AUTO, SubscribeOptions(durable_name="n"))
     first, _ = h.connect("same")
-    first.subscribe("d", "/topic/t", AckMode.AUTO, durable_name="n")
+    first.subscribe("d", "/topic/t", AckMode.AUTO, SubscribeOptions(durable_name="n"))
     second, _ = h.connect("same")
     with pytest.raises(RequestError, match="already has a consumer"):
-        second.subscribe("d", "/topic/t", AckMode.AUTO, durable_name="n")
+        second.subscribe("d", "/topic/t", AckMode.AUTO, SubscribeOptions(durable_name="n"))
 
 
 def test_unsubscribe_with_name_deletes_the_durable_and_releases_the_log() -> None:
     h = Harness()
     producer, _ = h.connect()
     sub, _ = h.connect("c")
-    sub.subscribe("d", "/topic/t", AckMode.AUTO, durable_name="n")
+    sub.subscribe("d", "/topic/t", AckMode.AUTO, SubscribeOptions(durable_name="n"))
     sub.unsubscribe("d")  # the consumer leaves; the durable stays
     h.send(producer, "/topic/t", b"kept")
     topic = _topic(h, "/topic/t")
@@ -86,19 +89,21 @@ def test_x_offset_reads_the_retained_log() -> None:
         h.send(producer, "/topic/log", b"%d" % i)
         h.now += 1000
     reader, link = h.connect()
-    reader.subscribe("r", "/topic/log", AckMode.AUTO, offset="earliest")
+    reader.subscribe("r", "/topic/log", AckMode.AUTO, SubscribeOptions(offset="earliest"))
     h.loop.run()
     assert link.bodies() == [b"0", b"1", b"2", b"3", b"4"]
     from_three, link3 = h.connect()
-    from_three.subscribe("r", "/topic/log", AckMode.AUTO, offset="3")
+    from_three.subscribe("r", "/topic/log", AckMode.AUTO, SubscribeOptions(offset="3"))
     h.loop.run()
     assert [m.seq for _, m, _, _ in link3.delivered] == [3, 4, 5]
     by_time, link_t = h.connect()
-    by_time.subscribe("r", "/topic/log", AckMode.AUTO, offset=f"timestamp={h.now - 2500}")
+    by_time.subscribe(
+        "r", "/topic/log", AckMode.AUTO, SubscribeOptions(offset=f"timestamp={h.now - 2500}")
+    )
     h.loop.run()
     assert link_t.bodies() == [b"3", b"4"]
     latest, link_l = h.connect()
-    latest.subscribe("r", "/topic/log", AckMode.AUTO, offset="latest")
+    latest.subscribe("r", "/topic/log", AckMode.AUTO, SubscribeOptions(offset="latest"))
     h.send(producer, "/topic/log", b"new")
     assert link_l.bodies() == [b"new"]
 
@@ -107,7 +112,7 @@ def test_bad_x_offset_is_a_clear_error() -> None:
     h = Harness()
     conn, _ = h.connect()
     with pytest.raises(RequestError, match="x-offset"):
-        conn.subscribe("r", "/topic/t", AckMode.AUTO, offset="yesterday")
+        conn.subscribe("r", "/topic/t", AckMode.AUTO, SubscribeOptions(offset="yesterday"))
 
 
 MESSAGE_BYTES = 101  # each retained test message: 100 bytes and a digit, no headers
@@ -124,7 +129,7 @@ def _publish_a_second_apart(h: Harness, topic: str, count: int) -> None:
 def _kept(h: Harness, topic: str) -> list[bytes]:
     """The last byte of every message a reader from the earliest offset gets."""
     reader, link = h.connect()
-    reader.subscribe("r", topic, AckMode.AUTO, offset="earliest")
+    reader.subscribe("r", topic, AckMode.AUTO, SubscribeOptions(offset="earliest"))
     h.loop.run()
     reader.close()
     return [body[-1:] for body in link.bodies()]
@@ -192,9 +197,16 @@ def test_selectors_filter_on_headers_and_jms_fields() -> None:
     h = Harness()
     producer, _ = h.connect()
     red, red_link = h.connect()
-    red.subscribe("s", "/queue/cars", AckMode.AUTO, selector="colour = 'red' AND weight > 1000")
+    red.subscribe(
+        "s",
+        "/queue/cars",
+        AckMode.AUTO,
+        SubscribeOptions(selector="colour = 'red' AND weight > 1000"),
+    )
     urgent, urgent_link = h.connect()
-    urgent.subscribe("s", "/queue/cars", AckMode.AUTO, selector="JMSPriority >= 7")
+    urgent.subscribe(
+        "s", "/queue/cars", AckMode.AUTO, SubscribeOptions(selector="JMSPriority >= 7")
+    )
     h.send(producer, "/queue/cars", b"heavy red", headers={"colour": "red", "weight": "1500"})
     h.send(producer, "/queue/cars", b"light red", headers={"colour": "red", "weight": "900"})
     h.send(producer, "/queue/cars", b"urgent", priority=8)
@@ -208,16 +220,16 @@ def test_bad_selector_is_an_error_naming_the_position() -> None:
     h = Harness()
     conn, _ = h.connect()
     with pytest.raises(RequestError, match="position"):
-        conn.subscribe("s", "/queue/q", AckMode.AUTO, selector="colour = = 'red'")
+        conn.subscribe("s", "/queue/q", AckMode.AUTO, SubscribeOptions(selector="colour = = 'red'"))
 
 
 def test_exclusive_consumer_takes_everything_and_the_next_takes_over() -> None:
     h = Harness()
     producer, _ = h.connect()
     first, first_link = h.connect()
-    first.subscribe("s", "/queue/x", AckMode.CLIENT_INDIVIDUAL, exclusive=True)
+    first.subscribe("s", "/queue/x", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(exclusive=True))
     second, second_link = h.connect()
-    second.subscribe("s", "/queue/x", AckMode.CLIENT_INDIVIDUAL, exclusive=True)
+    second.subscribe("s", "/queue/x", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(exclusive=True))
     plain, plain_link = h.connect()
     plain.subscribe("s", "/queue/x", AckMode.CLIENT_INDIVIDUAL)
     for i in range(4):
@@ -342,7 +354,9 @@ def test_idle_group_is_released_to_make_room() -> None:
     h = Harness(policy={"group_idle_timeout_s": 1.0})
     producer, _ = h.connect()
     consumer, link = h.connect()
-    consumer.subscribe("s", "/queue/g", AckMode.CLIENT_INDIVIDUAL, max_open_groups=1)
+    consumer.subscribe(
+        "s", "/queue/g", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(max_open_groups=1)
+    )
     h.send(producer, "/queue/g", b"a1", headers={"JMSXGroupID": "A"})
     consumer.ack(link.take()[0][2])
     h.send(producer, "/queue/g", b"b1", headers={"JMSXGroupID": "B"})
@@ -399,7 +413,9 @@ def test_expired_message_retained_for_a_durable_goes_to_the_dlq_once() -> None:
     producer, _ = h.connect()
     for name in ("a", "b"):
         away, _ = h.connect("client-" + name)
-        away.subscribe("d", "/topic/audit", AckMode.CLIENT_INDIVIDUAL, durable_name=name)
+        away.subscribe(
+            "d", "/topic/audit", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(durable_name=name)
+        )
         away.close()
     h.send(producer, "/topic/audit", b"short-lived", expires_ms=h.now + 10, persistent=True)
     h.send(producer, "/topic/audit", b"lasting", persistent=True)
@@ -408,7 +424,7 @@ def test_expired_message_retained_for_a_durable_goes_to_the_dlq_once() -> None:
     assert [body for body, _ in _dlq_messages(h, "/queue/DLQ.Topic.audit")] == [b"short-lived"]
     for name in ("a", "b"):
         back, link = h.connect("client-" + name)
-        back.subscribe("d", "/topic/audit", AckMode.AUTO, durable_name=name)
+        back.subscribe("d", "/topic/audit", AckMode.AUTO, SubscribeOptions(durable_name=name))
         h.loop.run()
         assert link.bodies() == [b"lasting"]
     h.loop.fire_timers()

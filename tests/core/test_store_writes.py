@@ -8,6 +8,7 @@ import pytest
 
 from failing_store import FailingStore
 from sluice.core.broker import FlowReason
+from sluice.core.connection import SubscribeOptions
 from sluice.core.message import AckMode
 from sluice.errors import LimitExceeded, StoreUnavailableError
 from sluice.store.api import WriteHandle
@@ -41,7 +42,7 @@ def test_pending_writes_balance_for_every_outcome() -> None:
     """Queue, topic kept for a durable, duplicate, dead letter, stream abort marker."""
     h = Harness(policy={"max_redeliveries": 0})
     keeper, _ = h.connect("keeper")
-    keeper.subscribe("d", "/topic/kept", AckMode.AUTO, durable_name="n")
+    keeper.subscribe("d", "/topic/kept", AckMode.AUTO, SubscribeOptions(durable_name="n"))
     consumer, link = h.connect()
     consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL)
     producer, _ = h.connect()
@@ -99,7 +100,7 @@ def test_a_failed_topic_write_is_never_delivered() -> None:
     store = FailingStore()
     h = Harness(store)
     keeper, _ = h.connect("k")
-    keeper.subscribe("d", "/topic/t", AckMode.AUTO, durable_name="n")
+    keeper.subscribe("d", "/topic/t", AckMode.AUTO, SubscribeOptions(durable_name="n"))
     keeper.close()
     listener, link = h.connect()
     listener.subscribe("s", "/topic/t", AckMode.AUTO)

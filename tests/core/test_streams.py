@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from sluice.core.connection import SubscribeOptions
 from sluice.core.message import AckMode
 from sluice.errors import LimitExceeded
 
@@ -39,9 +40,7 @@ def _stream_consumer(
         "s",
         Q,
         AckMode.CLIENT_INDIVIDUAL,
-        prefetch=prefetch,
-        prefetch_bytes=prefetch_bytes,
-        max_open_groups=1,
+        SubscribeOptions(prefetch=prefetch, prefetch_bytes=prefetch_bytes, max_open_groups=1),
     )
     return conn, link
 
@@ -205,6 +204,7 @@ def test_finished_stream_is_not_aborted() -> None:
     _chunks(h, producer, "S", 2)
     producer.close()
     h.loop.run()
+    assert len(link.delivered) == 2
     assert all("x-stream-abort" not in m.headers for _, m, _, _ in link.delivered)
 
 

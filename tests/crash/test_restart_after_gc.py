@@ -11,7 +11,6 @@ with our client and once with stomp.py, a client we did not write.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from brokerproc import BrokerProcess
 from sluice.client import BlockingClient
 from sluice.store.journal.files import list_files
 from sluice.store.journal.tools import verify
+from waiting import wait_until
 
 PENDING = "/queue/pending"
 BIG = "/queue/big"
@@ -35,14 +35,6 @@ pytestmark = pytest.mark.crash
 
 def _config(data: Path) -> str:
     return f'[store]\nkind = "journal"\ndata_dir = "{data}"\ngc_interval_s = 2.0\n'
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    """Poll a condition of the data directory (nothing to await there) within a deadline."""
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _fill_ours(port: int) -> None:
@@ -141,7 +133,7 @@ def test_restart_after_gc_collected_files_behind_a_pinned_one(
             print(broker.log_text[-5000:])
             raise
         # The acks free db-2.log on; collection runs every 2 s.
-        _wait_for(lambda: list_files(journal)[:2] != [1, 2], "collection after db-1.log")
+        wait_until(lambda: list_files(journal)[:2] != [1, 2], WAIT_S, "collection after db-1.log")
     finally:
         if crash:
             broker.kill()

@@ -3,8 +3,7 @@ sessions from the broker's own loop, and a poll for counters nothing can be awai
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conftest import RunningBroker
@@ -70,12 +69,3 @@ def sessions(broker: RunningBroker) -> list[SessionView]:
         ]
 
     return broker.call(look)  # type: ignore[no-any-return]
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 20.0, what: str = "") -> None:
-    """Poll a condition nothing can be awaited on (a counter of a broker on another thread)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.02)

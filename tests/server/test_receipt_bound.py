@@ -10,8 +10,9 @@ import pytest
 from conftest import RunningBroker, start_broker
 from rawstomp import RawStomp
 from sluice.server.flow import ReadPause
+from waiting import wait_until
 
-from .conftest import HeldStore, sessions, wait_until
+from .conftest import HeldStore, sessions
 
 LIMIT = 4
 PAIRS = 10

@@ -11,8 +11,9 @@ import time
 from conftest import RunningBroker, start_broker
 from rawstomp import RawStomp
 from sluice.server.flow import ReadPause
+from waiting import wait_until
 
-from .conftest import sessions, wait_until
+from .conftest import sessions
 
 HIGH = 64 * 1024
 LOW = 16 * 1024

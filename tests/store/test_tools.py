@@ -108,6 +108,8 @@ def test_verify_bounds_lengths_from_the_index(
     report = tools.verify(data_dir)
     assert not report.ok
     assert any("index damaged" in line for line in report.problems), report.problems
+    # The damaged entry may stop verify before it reads records back: none read is fine, a
+    # read as long as the entry claims is not.
     assert all(n <= 1 << 20 for n in asked), asked
 
 

@@ -9,8 +9,7 @@ import inspect
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -168,15 +167,6 @@ def start_cli(*args: str) -> subprocess.Popen[str]:
         text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 20.0, what: str = "") -> None:
-    """Poll a condition nothing can be awaited for (a file another process writes)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

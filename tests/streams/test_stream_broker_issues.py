@@ -7,8 +7,9 @@ import contextlib
 
 from conftest import start_broker
 from sluice.client import Client, ConnectionLost
+from waiting import wait_until
 
-from .conftest import Q, payload, wait_until
+from .conftest import Q, payload
 
 
 async def test_stream_of_a_producer_paused_by_flow_control_is_not_aborted_as_idle() -> None:

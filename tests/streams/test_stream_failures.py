@@ -23,8 +23,9 @@ from sluice.client import (
     StreamProgress,
     StreamResume,
 )
+from waiting import wait_until, wait_until_async
 
-from .conftest import Q, RawProducer, journal_broker, payload, wait_until
+from .conftest import Q, RawProducer, journal_broker, payload
 
 CHUNK = 1000
 
@@ -412,8 +413,7 @@ async def test_reader_takes_its_stream_back_after_a_broker_restart(tmp_path: Pat
                     queue = broker.server.broker.destinations[Q]
                     return not any(sub.inflight for sub in queue.subscriptions)
 
-                while not await asyncio.to_thread(broker.call, settled):
-                    await asyncio.sleep(0.01)
+                await wait_until_async(lambda: broker.call(settled), what="chunk 1 acknowledged")
                 # The broker stops and starts again: it never saw the reader leave S.
                 await asyncio.to_thread(broker.stop)
                 # Its loop has stopped: read its counters directly. A clean stop left S open.
@@ -456,8 +456,7 @@ async def test_reader_that_lost_its_stream_takes_a_new_producer_s_continuation(
                 queue = jbroker.server.broker.destinations[Q]
                 return not any(sub.inflight for sub in queue.subscriptions)
 
-            while not await asyncio.to_thread(jbroker.call, settled):
-                await asyncio.sleep(0.01)
+            await wait_until_async(lambda: jbroker.call(settled), what="chunk 1 acknowledged")
             _die(client)  # the reader's connection drops; the client reconnects
             with pytest.raises(ConnectionLost):
                 await waiting

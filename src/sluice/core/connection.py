@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from sluice.core.broker import Broker, FlowReason
@@ -64,6 +65,46 @@ class WildcardSubscription:
         self.attach = attach
         self.children: list[Subscription] = []
         self.link_data = b""
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeOptions:
+    """What a SUBSCRIBE asks for beyond its id, destination and ack mode."""
+
+    # Credit in messages (None: the destination policy's default) and in bytes (0: none).
+    prefetch: int | None = None
+    prefetch_bytes: int = 0
+    selector: str | None = None
+    exclusive: bool = False
+    # Message groups this consumer may hold at once (0: no bound of its own).
+    max_open_groups: int = 0
+    # A durable topic subscription's name (needs the connection's client id).
+    durable_name: str | None = None
+    # Where a topic cursor starts (`x-offset`).
+    offset: str | None = None
+
+
+_NO_OPTIONS = SubscribeOptions()
+
+
+def _compile(selector: str | None) -> Selector | None:
+    if selector is None or not selector.strip():
+        return None
+    try:
+        return compile_selector(selector)
+    except SelectorError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def _prefetch(destination: Destination, options: SubscribeOptions) -> int:
+    if options.prefetch is not None:
+        return options.prefetch
+    policy = destination.policy
+    if destination.kind is DestinationKind.QUEUE:
+        return policy.queue_prefetch
+    if options.durable_name is not None:
+        return policy.durable_prefetch
+    return policy.topic_prefetch
 
 
 class BrokerConnection:
@@ -229,96 +270,76 @@ class BrokerConnection:
         sub_id: str,
         destination_name: str,
         ack_mode: AckMode,
-        *,
-        prefetch: int | None = None,
-        prefetch_bytes: int = 0,
-        selector: str | None = None,
-        exclusive: bool = False,
-        max_open_groups: int = 0,
-        durable_name: str | None = None,
-        offset: str | None = None,
+        options: SubscribeOptions = _NO_OPTIONS,
     ) -> Subscription | None:
-        """Start a subscription (a durable one with `durable_name`; a topic cursor at `offset`;
-        a wildcard topic pattern attaches to every matching topic, returning None)."""
+        """Start a subscription (a durable one with `options.durable_name`; a topic cursor at
+        `options.offset`; a wildcard topic pattern attaches to every matching topic, returning
+        None)."""
+        self._check_new_subscription(sub_id)
+        selector = _compile(options.selector)
+        if destination_name.startswith(TOPIC_PREFIX) and is_wildcard(
+            destination_name[len(TOPIC_PREFIX) :]
+        ):
+            if options.durable_name is not None or options.offset is not None:
+                raise RequestError(
+                    "a wildcard subscription cannot be durable or start at an x-offset"
+                )
+            pattern = destination_name[len(TOPIC_PREFIX) :]
+            self._subscribe_wildcard(sub_id, pattern, ack_mode, options, selector)
+            return None
+        destination = self._destination(destination_name)
+        durable_name = options.durable_name
+        if (durable_name is not None or options.offset is not None) and not isinstance(
+            destination, Topic
+        ):
+            raise RequestError(
+                "activemq.subscriptionName and x-offset apply to topics, not to " + destination_name
+            )
+        if durable_name is not None and self.client_id is None:
+            raise RequestError("a durable subscription needs a client-id header on CONNECT")
+        sub = Subscription(
+            self.link,
+            sub_id,
+            destination,
+            ack_mode,
+            _prefetch(destination, options),
+            options.prefetch_bytes,
+            selector=selector,
+            exclusive=options.exclusive,
+            max_open_groups=options.max_open_groups,
+            durable_name=durable_name,
+            client_id=self.client_id,
+            tags=self.tags,
+        )
+        if not isinstance(destination, Topic):
+            destination.add_subscription(sub)
+        elif durable_name is not None:
+            assert self.client_id is not None
+            text = options.selector if selector is not None else None
+            destination.subscribe_durable(sub, self.client_id, durable_name, text, options.offset)
+        else:
+            destination.add_subscription(sub, options.offset)
+        self.subs[sub_id] = sub
+        return sub
+
+    def _check_new_subscription(self, sub_id: str) -> None:
         if sub_id in self.subs or sub_id in self.wildcard_subs:
             raise RequestError(f"subscription id {sub_id!r} is already in use on this connection")
         limit = self.broker.limits.max_subscriptions_per_connection
         if len(self.subs) >= limit:
             self.broker.count("limit_max_subscriptions_per_connection")
             raise LimitExceeded("max_subscriptions_per_connection", limit)
-        compiled = None
-        if selector is not None and selector.strip():
-            try:
-                compiled = compile_selector(selector)
-            except SelectorError as exc:
-                raise RequestError(str(exc)) from None
-        else:
-            selector = None
-        if destination_name.startswith(TOPIC_PREFIX) and is_wildcard(
-            destination_name[len(TOPIC_PREFIX) :]
-        ):
-            if durable_name is not None or offset is not None:
-                raise RequestError(
-                    "a wildcard subscription cannot be durable or start at an x-offset"
-                )
-            self._subscribe_wildcard(
-                sub_id,
-                destination_name[len(TOPIC_PREFIX) :],
-                ack_mode,
-                prefetch,
-                prefetch_bytes,
-                compiled,
-            )
-            return None
-        destination = self._destination(destination_name)
-        if (durable_name is not None or offset is not None) and not isinstance(destination, Topic):
-            raise RequestError(
-                "activemq.subscriptionName and x-offset apply to topics, not to " + destination_name
-            )
-        if durable_name is not None and self.client_id is None:
-            raise RequestError("a durable subscription needs a client-id header on CONNECT")
-        policy = destination.policy
-        if prefetch is None:
-            if destination.kind is DestinationKind.QUEUE:
-                prefetch = policy.queue_prefetch
-            elif durable_name is not None:
-                prefetch = policy.durable_prefetch
-            else:
-                prefetch = policy.topic_prefetch
-        sub = Subscription(
-            self.link,
-            sub_id,
-            destination,
-            ack_mode,
-            prefetch,
-            prefetch_bytes,
-            selector=compiled,
-            exclusive=exclusive,
-            max_open_groups=max_open_groups,
-            durable_name=durable_name,
-            client_id=self.client_id,
-            tags=self.tags,
-        )
-        if isinstance(destination, Topic):
-            if durable_name is not None:
-                assert self.client_id is not None
-                destination.subscribe_durable(sub, self.client_id, durable_name, selector, offset)
-            else:
-                destination.add_subscription(sub, offset)
-        else:
-            destination.add_subscription(sub)
-        self.subs[sub_id] = sub
-        return sub
 
     def _subscribe_wildcard(
         self,
         sub_id: str,
         pattern: str,
         ack_mode: AckMode,
-        prefetch: int | None,
-        prefetch_bytes: int,
+        options: SubscribeOptions,
         selector: Selector | None,
     ) -> None:
+        prefetch, prefetch_bytes = options.prefetch, options.prefetch_bytes
+
         def attach(topic: Topic) -> None:
             child = Subscription(
                 self.link,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sluice.core.message import DEDUP_ID, Message
@@ -30,6 +31,17 @@ log = logging.getLogger(__name__)
 # What a stub costs beyond its header text (the objects and the list entry), counted against
 # `max_transaction_held_bytes`.
 STUB_OVERHEAD_BYTES = 256
+
+
+@dataclass
+class _CommitPlan:
+    """What a COMMIT writes, and what it must undo if the write fails."""
+
+    seqs: list[int] = field(default_factory=list)
+    temp_seqs: list[int] = field(default_factory=list)
+    # Indexes into `Transaction.adds` of sends whose dedup id was committed meanwhile.
+    duplicates: set[int] = field(default_factory=set)
+    registered: list[tuple[Destination, str]] = field(default_factory=list)
 
 
 class Transaction:
@@ -97,31 +109,8 @@ class Transaction:
     def commit(self, on_done: Callable[[], None], on_failed: Callable[[], None] | None) -> None:
         """Make the sends visible and the acks final: `on_done` once written, or `on_failed`
         if the store failed to write the COMMIT (nothing of it then shows)."""
-        seqs: list[int] = []
-        temp_seqs: list[int] = []
-        duplicates: set[int] = set()
-        registered: list[tuple[Destination, str]] = []
+        plan = self._plan_commit()
         broker = self.broker
-        for i, (destination, message) in enumerate(self.adds):
-            dedup_id = message.headers.get(DEDUP_ID)
-            if dedup_id is not None:
-                if dedup_id in destination.dedup:
-                    # Committed by someone else since it was sent: keep only the first.
-                    duplicates.add(i)
-                    broker.count("duplicates_dropped")
-                    if message.persistent or message.spooled:
-                        # The store needs a sequence for every add; this one is removed at once.
-                        message.seq = destination.next_seq()
-                        (seqs if message.persistent else temp_seqs).append(message.seq)
-                    continue
-                destination.dedup.add(dedup_id)
-                registered.append((destination, dedup_id))
-            destination.reserve_committed(message)
-            if message.persistent:
-                seqs.append(message.seq)
-            elif message.spooled:
-                temp_seqs.append(message.seq)
-
         failed = False
         waiting = 1
 
@@ -135,32 +124,62 @@ class Transaction:
             if waiting:
                 return
             broker.usage.release(self.held_bytes)
-            if failed:
-                self._commit_failed(duplicates, registered)
-                if on_failed is not None:
-                    on_failed()
+            if not failed:
+                self._publish(plan)
+                on_done()
                 return
-            for i, (destination, message) in enumerate(self.adds):
-                if i in duplicates:
-                    if message.persistent:
-                        broker.store.remove(destination.name, message.seq)
-                    elif message.spooled and broker.temp_store is not None:
-                        broker.temp_store.remove(destination.name, message.seq)
-                    continue
-                destination.publish_committed(message)
-            for sub, _tag, message in self.acks:
-                sub.destination.settle(sub, message, store_removed=True)
-            on_done()
+            self._commit_failed(plan.duplicates, plan.registered)
+            if on_failed is not None:
+                on_failed()
 
         temp_store = broker.temp_store
         if self.uses_temp_store and temp_store is not None:
             waiting += 1
-            temp_store.commit(self.store_id, temp_seqs, written)
-        if seqs or any(m.in_store for _, _, m in self.acks):
-            broker.store.commit(self.store_id, seqs, written)
+            temp_store.commit(self.store_id, plan.temp_seqs, written)
+        if plan.seqs or any(m.in_store for _, _, m in self.acks):
+            broker.store.commit(self.store_id, plan.seqs, written)
         else:
             broker.store.abort(self.store_id)
             written(None)
+
+    def _plan_commit(self) -> _CommitPlan:
+        """Sequences for the sends, duplicates (by `x-dedup-id`) set aside, dedup ids taken."""
+        plan = _CommitPlan()
+        broker = self.broker
+        for i, (destination, message) in enumerate(self.adds):
+            dedup_id = message.headers.get(DEDUP_ID)
+            if dedup_id is not None:
+                if dedup_id in destination.dedup:
+                    # Committed by someone else since it was sent: keep only the first.
+                    plan.duplicates.add(i)
+                    broker.count("duplicates_dropped")
+                    if message.persistent or message.spooled:
+                        # The store needs a sequence for every add; this one is removed at once.
+                        message.seq = destination.next_seq()
+                        (plan.seqs if message.persistent else plan.temp_seqs).append(message.seq)
+                    continue
+                destination.dedup.add(dedup_id)
+                plan.registered.append((destination, dedup_id))
+            destination.reserve_committed(message)
+            if message.persistent:
+                plan.seqs.append(message.seq)
+            elif message.spooled:
+                plan.temp_seqs.append(message.seq)
+        return plan
+
+    def _publish(self, plan: _CommitPlan) -> None:
+        """The COMMIT is written: its sends show (duplicates are removed), its acks settle."""
+        broker = self.broker
+        for i, (destination, message) in enumerate(self.adds):
+            if i in plan.duplicates:
+                if message.persistent:
+                    broker.store.remove(destination.name, message.seq)
+                elif message.spooled and broker.temp_store is not None:
+                    broker.temp_store.remove(destination.name, message.seq)
+                continue
+            destination.publish_committed(message)
+        for sub, _tag, message in self.acks:
+            sub.destination.settle(sub, message, store_removed=True)
 
     def _commit_failed(
         self, duplicates: set[int], registered: list[tuple[Destination, str]]

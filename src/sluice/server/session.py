@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from sluice.core.broker import FlowReason
-from sluice.core.connection import BrokerConnection
+from sluice.core.connection import BrokerConnection, SubscribeOptions
 from sluice.core.message import AckMode, Message
 from sluice.core.subscription import Subscription
 from sluice.core.topic import Topic
@@ -318,10 +318,7 @@ class StompSession(asyncio.Protocol):
         if mode is None:
             raise RequestError(f"unknown ack mode {h.get('ack')!r} in SUBSCRIBE")
         prefetch = parse_int_header(h, "activemq.prefetchSize", minimum=1)
-        sub = core.subscribe(
-            sub_id,
-            destination,
-            mode,
+        options = SubscribeOptions(
             prefetch=prefetch,
             prefetch_bytes=parse_int_header(h, "x-prefetch-bytes", minimum=0) or 0,
             selector=h.get("selector"),
@@ -330,6 +327,7 @@ class StompSession(asyncio.Protocol):
             durable_name=h.get("activemq.subscriptionName"),
             offset=h.get("x-offset"),
         )
+        sub = core.subscribe(sub_id, destination, mode, options)
         escaped = (
             escape_value(sub_id, self._version) if self._version is not Version.V1_0 else sub_id
         )

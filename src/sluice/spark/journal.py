@@ -158,7 +158,8 @@ def _pairs(values: dict[str, str | None]) -> dict[str, str]:
 
 
 def _decode_into(columns: _Columns | None, position: int, rtype: int, payload: Any) -> None:
-    """Decode one record's payload and add its row to `columns` (only check it when None)."""
+    """Decode one record's payload and add its row to `columns` (only check it when None).
+    One branch per record type, each filling the same columns."""
     if rtype == _ADD:
         message, meta = fmt.decode_add(payload)
         if columns is None:

@@ -246,6 +246,8 @@ class FrameParser:
             raise
 
     def _next_event(self) -> Frame | HeartBeat | None:
+        """The next heart-beat or whole frame from the buffer, or None until more bytes come.
+        Inline for the same reason as `_parse_headers`: it runs once per frame."""
         buf = self._buf
         pos = self._pos
         end = len(buf)
@@ -368,7 +370,10 @@ class FrameParser:
         return _HEARTBEAT
 
     def _parse_headers(self, buf: bytearray, pos: int, end: int) -> bool:
-        """Find and parse the command line and headers; False if the blank line has not come."""
+        """Find and parse the command line and headers; False if the blank line has not come.
+
+        Long on purpose: it runs once per frame on the hot path, and every check is inline
+        (no helper calls) so that parsing stays cheap; each block is commented."""
         limits = self.limits
         max_header_bytes = limits.max_header_bytes
         # The blank line is LF LF or LF CR LF; any that is within the limit lies in this window.

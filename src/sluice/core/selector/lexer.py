@@ -64,6 +64,8 @@ def _is_id_part(c: str) -> bool:
 
 
 def _tokenize(text: str) -> list[_Token]:
+    """The tokens of a selector: one loop over the characters with a branch per token class
+    (numbers, strings, identifiers, operators), as a hand-written lexer reads best."""
     tokens: list[_Token] = []
     n = len(text)
     i = 0

@@ -354,7 +354,8 @@ def decode_add(payload: bytes | memoryview) -> tuple[StoredMessage, AddMeta]:
 
 
 def encode(record: Record) -> tuple[int, bytes]:
-    """Encode any record but ADD: (type, payload)."""
+    """Encode any record but ADD: (type, payload). One branch per record type, in the order of
+    the layout table at the top; long because the table is."""
     if isinstance(record, Remove):
         return RecordType.REMOVE, _U64_U64.pack(
             record.txno, _check_u64(record.seq, "seq")
@@ -435,7 +436,8 @@ def encode(record: Record) -> tuple[int, bytes]:
 
 
 def decode(rtype: int, payload: bytes | memoryview) -> Record:
-    """Decode a payload of the given type; ADD yields only its `AddMeta`."""
+    """Decode a payload of the given type; ADD yields only its `AddMeta`. One branch per record
+    type, as in `encode`."""
     if rtype == RecordType.ADD:
         return decode_add_meta(payload)
     r = _Reader(payload)

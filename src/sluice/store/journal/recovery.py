@@ -57,6 +57,7 @@ from sluice.store.journal.files import (
 )
 from sluice.store.journal.index import Index
 from sluice.store.journal.indexcodec import IndexCorrupt
+from sluice.store.journal.repair import forget_lost, note, note_lost, repair_stretch, short_file
 from sluice.store.journal.scan import Damage, FileScan, ScannedRecord, resync
 from sluice.store.journal.state import JournalState
 
@@ -93,11 +94,6 @@ class _IndexAhead(Exception):
     """The index's checkpoint is past the valid end of the journal."""
 
 
-def _note(report: list[str], line: str) -> None:
-    log.warning("%s", line)
-    report.append(line)
-
-
 def _store_id(journal_dir: Path, files: list[int]) -> bytes | None:
     for file_no in files:
         path = file_path(journal_dir, file_no)
@@ -131,80 +127,19 @@ def recover(
     """Open (or create) the journal and index under `config.data_dir`. With `dry_run`, change
     nothing and say what a start would do (the index is closed again: only the report and the
     counts of the result are meaningful)."""
-    journal_dir = config.data_dir / "journal"
-    index_dir = config.data_dir / "index"
     report: list[str] = []
     if dry_run:
         config = dataclasses.replace(config, repair=False)
-    else:
-        journal_dir.mkdir(parents=True, exist_ok=True)
-        remove_spares(journal_dir)
-    files = list_files(journal_dir)
-    store_id = _store_id(journal_dir, files)
-    if store_id is None and files:
-        first = file_path(journal_dir, files[0])
-        if len(files) == 1 and resync(first.read_bytes(), 0) is None:
-            # A first file whose creation never completed: nothing was ever acknowledged.
-            if not dry_run:
-                first.unlink()
-            _note(report, f"{first}: incomplete new journal removed")
-            files = []
-        elif config.repair:
-            store_id = Index.peek_store_id(index_dir) or os.urandom(16)
-            _note(report, "no data file has a valid header: repair rewrites them")
-        else:
-            raise CorruptionError("data file header is damaged", str(first), 0)
-    new_store = store_id is None
-    if store_id is None:
-        if dry_run:
-            raise CorruptionError("no data files: a start creates a new journal", str(journal_dir))
-        store_id = os.urandom(16)
-        create_file(file_path(journal_dir, 1), 1, store_id, config.journal_file_bytes, sync=durable)
-        if durable:
-            fsync_dir(journal_dir)
-        files = [1]
-
+    opening = _Opening(config, dedup_window, durable, dry_run, report)
+    files, store_id, new_store = opening.journal_files()
     reason = "requested" if force_rebuild else ""
     if not force_rebuild and not new_store:
-        sizes = {n: file_path(journal_dir, n).stat().st_size for n in files}
-        try:
-            index = Index.open_checked(
-                index_dir,
-                config.lmdb_map_bytes,
-                store_id,
-                durable=durable,
-                file_sizes=sizes,
-                keep_clean_marker=dry_run,
-            )
-        except FileNotFoundError:
-            reason = "index missing"
-        except IndexCorrupt as exc:
-            reason = f"index unusable: {exc}"
-        else:
-            try:
-                recovered = _recover_from_index(
-                    config, index, store_id, files, dedup_window, report, dry_run
-                )
-                if dry_run:
-                    index.abort()
-                    index.env.close()
-                return recovered
-            except (IndexCorrupt, lmdb.Error, _IndexAhead) as exc:
-                reason = f"index unusable: {exc}"
-                index.abort()
-                index.env.close()
-            except BaseException:
-                index.abort()
-                index.env.close()
-                raise
-    if dry_run:
-        with _scratch_index(config, store_id, durable) as index:
-            recovered = _replay_all(config, index, store_id, files, dedup_window, report, True)
-    else:
-        index = Index.create(index_dir, config.lmdb_map_bytes, store_id, durable=durable)
-        recovered = _replay_all(config, index, store_id, files, dedup_window, report, False)
+        recovered, reason = opening.from_index(store_id, files)
+        if recovered is not None:
+            return recovered
+    recovered = opening.rebuild(store_id, files)
     if not new_store:
-        _note(
+        note(
             report,
             f"index rebuilt from {len(files)} journal files ({reason}); "
             f"{recovered.replayed_records} records replayed",
@@ -212,8 +147,110 @@ def recover(
     return recovered
 
 
+@dataclass
+class _Opening:
+    """The steps of `recover`: find the data files, then use the index or rebuild it."""
+
+    config: StoreConfig
+    dedup_window: int
+    durable: bool
+    dry_run: bool
+    report: list[str]
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.config.data_dir / "journal"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.config.data_dir / "index"
+
+    def journal_files(self) -> tuple[list[int], bytes, bool]:
+        """(data file numbers, store id, whether the journal is new): spares left by a stop
+        removed, a first file whose creation never finished dropped, a new journal created."""
+        journal_dir = self.journal_dir
+        if not self.dry_run:
+            journal_dir.mkdir(parents=True, exist_ok=True)
+            remove_spares(journal_dir)
+        files = list_files(journal_dir)
+        store_id = _store_id(journal_dir, files)
+        if store_id is None and files:
+            first = file_path(journal_dir, files[0])
+            if len(files) == 1 and resync(first.read_bytes(), 0) is None:
+                # A first file whose creation never completed: nothing was ever acknowledged.
+                if not self.dry_run:
+                    first.unlink()
+                note(self.report, f"{first}: incomplete new journal removed")
+                files = []
+            elif self.config.repair:
+                store_id = Index.peek_store_id(self.index_dir) or os.urandom(16)
+                note(self.report, "no data file has a valid header: repair rewrites them")
+            else:
+                raise CorruptionError("data file header is damaged", str(first), 0)
+        if store_id is not None:
+            return files, store_id, False
+        if self.dry_run:
+            raise CorruptionError("no data files: a start creates a new journal", str(journal_dir))
+        store_id = os.urandom(16)
+        create_file(
+            file_path(journal_dir, 1),
+            1,
+            store_id,
+            self.config.journal_file_bytes,
+            sync=self.durable,
+        )
+        if self.durable:
+            fsync_dir(journal_dir)
+        return [1], store_id, True
+
+    def from_index(self, store_id: bytes, files: list[int]) -> tuple[Recovered | None, str]:
+        """Recover with the index when it passes its checks: (the result, "") or (None, why it
+        cannot be used)."""
+        sizes = {n: file_path(self.journal_dir, n).stat().st_size for n in files}
+        try:
+            index = Index.open_checked(
+                self.index_dir,
+                self.config.lmdb_map_bytes,
+                store_id,
+                durable=self.durable,
+                file_sizes=sizes,
+                keep_clean_marker=self.dry_run,
+            )
+        except FileNotFoundError:
+            return None, "index missing"
+        except IndexCorrupt as exc:
+            return None, f"index unusable: {exc}"
+        try:
+            recovered = _recover_from_index(
+                self.config, index, store_id, files, self.dedup_window, self.report, self.dry_run
+            )
+        except (IndexCorrupt, lmdb.Error, _IndexAhead) as exc:
+            index.abort()
+            index.env.close()
+            return None, f"index unusable: {exc}"
+        except BaseException:
+            index.abort()
+            index.env.close()
+            raise
+        if self.dry_run:
+            index.abort()
+            index.env.close()
+        return recovered, ""
+
+    def rebuild(self, store_id: bytes, files: list[int]) -> Recovered:
+        """A new index from every data file (a temporary one when dry)."""
+        args = (self.config, store_id, files, self.dedup_window, self.report, self.dry_run)
+        if self.dry_run:
+            with _scratch_index(self.config, store_id) as index:
+                return _replay_all(index, *args)
+        index = Index.create(
+            self.index_dir, self.config.lmdb_map_bytes, store_id, durable=self.durable
+        )
+        return _replay_all(index, *args)
+
+
 @contextlib.contextmanager
-def _scratch_index(config: StoreConfig, store_id: bytes, durable: bool) -> Iterator[Index]:
+def _scratch_index(config: StoreConfig, store_id: bytes) -> Iterator[Index]:
     """A throw-away index for a dry rebuild; closed and deleted afterwards."""
     with tempfile.TemporaryDirectory(prefix="sluice-verify-") as tmp:
         index = Index.create(Path(tmp) / "index", config.lmdb_map_bytes, store_id, durable=False)
@@ -254,7 +291,7 @@ def _recover_from_index(
             path = file_path(journal_dir, file_no)
             if not config.repair:
                 raise CorruptionError("data file the index needs is missing", str(path))
-            _note(report, f"{path}: missing; the state records it held stay in the index")
+            note(report, f"{path}: missing; the state records it held stay in the index")
     state.files_gone(missing)
     for file_no in files:
         if file_no not in state.files and file_no < cp_file:
@@ -294,24 +331,17 @@ def _drop_outside(config: StoreConfig, recovered: Recovered) -> None:
             first.loc.offset,
         )
     dropped = recovered.state.drop_lost([o.key for o in outside])
-    _note(
+    note(
         recovered.report,
         f"{len(dropped)} messages dropped by repair: their records are gone "
         f"(first: {path} at offset {first.loc.offset}, {first.problem})",
     )
-    _note_lost(recovered.report, [(name, seq, None) for name, seq, _loc in dropped])
-
-
-def _note_lost(report: list[str], lost: list[tuple[str, int, str | None]]) -> None:
-    for name, seq, message_id in lost[: dmg.MAX_LISTED_RECORDS]:
-        _note(report, "  " + dmg.message_line(name, seq, message_id))
-    if len(lost) > dmg.MAX_LISTED_RECORDS:
-        _note(report, f"  and {len(lost) - dmg.MAX_LISTED_RECORDS} more lost messages")
+    note_lost(recovered.report, [(name, seq, None) for name, seq, _loc in dropped])
 
 
 def _replay_all(
-    config: StoreConfig,
     index: Index,
+    config: StoreConfig,
     store_id: bytes,
     files: list[int],
     dedup_window: int,
@@ -338,7 +368,7 @@ def _check_gaps(config: StoreConfig, recovered: Recovered, files: list[int]) -> 
     what = f"data files missing that collection did not remove: {names} ({len(lost)} files)"
     if not config.repair:
         raise CorruptionError(what, str(journal_dir))
-    _note(recovered.report, f"{journal_dir}: {what}; what they held is lost (repair goes on)")
+    note(recovered.report, f"{journal_dir}: {what}; what they held is lost (repair goes on)")
     gone = [n for n in range(1, files[-1]) if n not in present]
     recovered.retired = fmt.FilesRetired.of(gone)
     recovered.retired_changed = True
@@ -362,6 +392,7 @@ class _Replay:
         self.checkpoint = checkpoint
         # Where the index knows data to end in files before the checkpoint.
         self.known_ends = known_ends
+        self._sinks = (recovered.report, recovered.lost_adds)
 
     def run(self, files: list[int], start_offset: int) -> None:
         """Replay `files`, the first from `start_offset`; leaves the head after the last."""
@@ -413,7 +444,7 @@ class _Replay:
         self.recovered.verified_records_bytes += end - start
         known = self.known_ends.get(file_no, 0)
         if not cut and end < known:
-            _short_file(self.config, self.state, path, file_no, end, known, self.recovered)
+            short_file(self.config, self.state, path, file_no, end, known, self.recovered.report)
         elif file_no == self.checkpoint[0] and self.checkpoint[1] > end:
             raise _IndexAhead(
                 f"checkpoint offset {self.checkpoint[1]} is past the valid end of {path}"
@@ -424,7 +455,7 @@ class _Replay:
             if not self.recovered.dry_run:
                 create_file(path, file_no, self.recovered.store_id, self.config.journal_file_bytes)
             end = fmt.FILE_HEADER_RECORD_BYTES
-            _note(self.recovered.report, f"{path}: incomplete newest data file re-initialised")
+            note(self.recovered.report, f"{path}: incomplete newest data file re-initialised")
         self.state.file_seen(file_no, end)
         return end
 
@@ -454,11 +485,13 @@ class _Replay:
                 ) from exc
             after = item.offset + item.length
             bad = Damage(item.offset, after, after, f"malformed record: {exc}")
-            _repair(self.config, self.state, path, file_no, scan.data, bad, apply_from, recovered)
+            repair_stretch(
+                self.config, self.state, path, file_no, scan.data, bad, apply_from, *self._sinks
+            )
             return False
         if isinstance(record, fmt.FilesRetired):
             recovered.retired = record
-        _forget_lost(recovered, record)
+        forget_lost(recovered.lost_adds, record)
         self.state.apply(item.rtype, record, file_no, item.offset, item.length)
         recovered.replayed_records += 1
         if recovered.rebuilt and self.state.updates >= _REBUILD_COMMIT_RECORDS:
@@ -486,7 +519,7 @@ class _Replay:
             else:
                 dropped = dmg.cut_tail(path, item)
                 verb = "cut"
-            _note(
+            note(
                 recovered.report,
                 f"{path}: torn tail {verb} at offset {item.offset}, {dropped} bytes "
                 f"dropped ({item.reason})",
@@ -498,96 +531,18 @@ class _Replay:
         end = item.offset
         if item.offset == 0:
             dmg.rewrite_header(path, file_no, recovered.store_id)
-            _note(recovered.report, f"{path}: damaged file header rewritten by repair")
+            note(recovered.report, f"{path}: damaged file header rewritten by repair")
             end = fmt.FILE_HEADER_RECORD_BYTES
             rest = item.resume if item.resume is not None else item.end
             if rest <= end:
                 return end, item.resume is None, False
             skipped = Damage(end, item.resume, item.end, item.reason)
-        _repair(self.config, self.state, path, file_no, scan.data, skipped, apply_from, recovered)
+        repair_stretch(
+            self.config, self.state, path, file_no, scan.data, skipped, apply_from, *self._sinks
+        )
         if item.resume is None:
             return skipped.offset, True, True  # zeroed: nothing valid follows
         return end, False, False
-
-
-def _repair(
-    config: StoreConfig,
-    state: JournalState,
-    path: Path,
-    file_no: int,
-    data: bytes,
-    item: Damage,
-    apply_from: int,
-    recovered: Recovered,
-) -> None:
-    """Skip one damaged stretch: say what it held and what is lost, then pad over it."""
-    report = recovered.report
-    stop = item.resume if item.resume is not None else item.end
-    seen, unreadable = dmg.describe(data, item.offset, stop)
-    copy = dmg.save_and_pad(config.data_dir, path, data, item)
-    kept = f"; the bytes are kept in {copy}" if copy is not None else ""
-    _note(
-        report,
-        f"{path}: damaged records skipped by repair at offset {item.offset}: "
-        f"{stop - item.offset} bytes lost ({item.reason}){kept}",
-    )
-    ids = {r.offset: r.message_id for r in seen if r.rtype == fmt.RecordType.ADD}
-    # Before the checkpoint the index knows which live messages were there.
-    if item.offset < apply_from:
-        dropped = state.drop_lost(state.messages_in(file_no, item.offset, stop))
-        _note_lost(report, [(name, seq, ids.get(loc.offset)) for name, seq, loc in dropped])
-    listed = 0
-    for record in seen:
-        applied = record.offset < apply_from
-        if record.rtype == fmt.RecordType.ADD:
-            if applied:
-                continue  # what was live there, the index named above
-            if record.destination is None:
-                _note(report, f"  lost message: unreadable ADD record at offset {record.offset}")
-                continue
-            line = dmg.message_line(record.destination, record.seq, record.message_id, record.txno)
-            if record.txno or not record.seq:
-                _note(report, "  " + line)
-            else:
-                recovered.lost_adds[(record.destination, record.seq)] = line
-            continue
-        if listed < dmg.MAX_LISTED_RECORDS:
-            _note(report, "  " + dmg.record_line(record, effect_kept=applied))
-        listed += 1
-    if unreadable:
-        _note(report, f"  {unreadable} bytes could not be read as records")
-
-
-def _short_file(
-    config: StoreConfig,
-    state: JournalState,
-    path: Path,
-    file_no: int,
-    end: int,
-    known: int,
-    recovered: Recovered,
-) -> None:
-    """A data file's valid data ends before what the index holds from it: it was cut or
-    zeroed after the index was written."""
-    reason = f"valid data ends at offset {end}, the index holds data up to {known}"
-    if not config.repair:
-        raise CorruptionError(f"data file lost data: {reason}", str(path), end)
-    dropped = state.drop_lost(state.messages_in(file_no, end, known))
-    _note(recovered.report, f"{path}: {reason}; {known - end} bytes lost (repair goes on)")
-    _note_lost(recovered.report, [(name, seq, None) for name, seq, _loc in dropped])
-
-
-def _forget_lost(recovered: Recovered, record: fmt.Record) -> None:
-    """A replayed record that removes a message whose damaged ADD was counted as lost."""
-    lost = recovered.lost_adds
-    if not lost:
-        return
-    if isinstance(record, fmt.Remove) and not record.txno:
-        lost.pop((record.destination, record.seq), None)
-    elif isinstance(record, fmt.RemoveRange | fmt.DestDelete):
-        upto = record.upto_seq if isinstance(record, fmt.RemoveRange) else 1 << 64
-        for key in [k for k in lost if k[0] == record.destination and k[1] <= upto]:
-            del lost[key]
 
 
 def _finish(config: StoreConfig, recovered: Recovered) -> None:
@@ -595,18 +550,18 @@ def _finish(config: StoreConfig, recovered: Recovered) -> None:
     state = recovered.state
     if recovered.lost_adds:
         lines = list(recovered.lost_adds.values())
-        _note(recovered.report, f"{len(lines)} messages in damaged records are lost:")
+        note(recovered.report, f"{len(lines)} messages in damaged records are lost:")
         for line in lines[: dmg.MAX_LISTED_RECORDS]:
-            _note(recovered.report, "  " + line)
+            note(recovered.report, "  " + line)
         if len(lines) > dmg.MAX_LISTED_RECORDS:
-            _note(recovered.report, f"  and {len(lines) - dmg.MAX_LISTED_RECORDS} more")
+            note(recovered.report, f"  and {len(lines) - dmg.MAX_LISTED_RECORDS} more")
         recovered.lost_adds.clear()
     open_txs = sorted(state.open_txs)
     if recovered.dry_run:
         if open_txs:
-            _note(recovered.report, f"{len(open_txs)} uncommitted transactions would be dropped")
+            note(recovered.report, f"{len(open_txs)} uncommitted transactions would be dropped")
         for problem in state.problems:
-            _note(recovered.report, problem)
+            note(recovered.report, problem)
         state.problems.clear()
         return
     head = recovered.head
@@ -627,12 +582,12 @@ def _finish(config: StoreConfig, recovered: Recovered) -> None:
     if records:
         head.sync()
     if open_txs:
-        _note(
+        note(
             recovered.report,
             f"{len(open_txs)} uncommitted transactions dropped (abort records written)",
         )
     for problem in state.problems:
-        _note(recovered.report, problem)
+        note(recovered.report, problem)
     state.problems.clear()
     state.file_seen(head.file_no, head.offset)
     state.flush((head.file_no, head.offset), ok=True)
