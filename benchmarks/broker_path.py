@@ -62,7 +62,7 @@ class FakeTransport:
 
 async def run(messages: int, size: int, profile: bool) -> None:
     cfg = config_mod.load(env={}, overrides={"store": {"kind": "memory"}})
-    server = BrokerServer(cfg, store=MemoryStore())
+    server = BrokerServer(cfg, MemoryStore())
     server.broker.open()
     producer, consumer = StompSession(server), StompSession(server)
     out_p, out_c = FakeTransport(), FakeTransport()

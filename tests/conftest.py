@@ -15,6 +15,7 @@ import uvloop
 
 from sluice import config as config_mod
 from sluice.server.listener import BrokerServer
+from sluice.server.stores import open_stores
 from sluice.store.api import MessageStore
 
 
@@ -100,7 +101,11 @@ def start_broker(
         loop = uvloop.new_event_loop()
 
         async def main() -> None:
-            server = BrokerServer(cfg, store=message_store)
+            temp_store = None
+            store = message_store
+            if store is None:
+                store, temp_store = open_stores(cfg)
+            server = BrokerServer(cfg, store, temp_store=temp_store)
             await server.start()
             stopped = asyncio.Event()
             started.set_result(RunningBroker(server, loop, threading.current_thread(), stopped))

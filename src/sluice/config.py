@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,14 @@ class SyncPolicy(enum.Enum):
     ALWAYS = "always"
     PERIODIC = "periodic"
     NEVER = "never"
+
+
+class StoreFullPolicy(enum.Enum):
+    """What a persistent SEND meets when the store is full: `block` stops reading the producer's
+    socket until there is room again; `error` answers with an ERROR that names the limit."""
+
+    BLOCK = "block"
+    ERROR = "error"
 
 
 class JournalVerify(enum.Enum):
@@ -93,9 +101,10 @@ class Limits:
     memory_resume_ratio: float = 0.7
     max_async_writes: int = 10_000
     max_async_write_bytes: int = 64 * MiB
-    store_limit_bytes: int = 100 * GiB
+    # The temp store's disk (non-persistent messages spooled past the memory limits); the store's
+    # own bound is `StoreConfig.max_bytes`. Both keep `StoreConfig.reserve_bytes` free on the disk
+    # and follow `StoreConfig.store_full`.
     temp_limit_bytes: int = 50 * GiB
-    send_fail_if_no_space: bool = False
     write_buffer_high_bytes: int = 1 * MiB
     write_buffer_low_bytes: int = 256 * KiB
     slow_consumer_timeout_s: float = 30.0
@@ -151,6 +160,18 @@ class StoreConfig:
     repair: bool = False
     verify_journal: JournalVerify = JournalVerify.FULL
     lmdb_map_bytes: int = 64 * GiB
+    # Disk as a bounded resource. `max_bytes`: what the store may hold (journal and index); 0 means
+    # as much as the disk has free, less `reserve_bytes`. The reserve (0: two journal files) is
+    # kept free in either case for what frees space: acks, checkpoints, compaction, the next
+    # data file. At the limit, persistent producers meet `store_full`.
+    max_bytes: int = 0
+    reserve_bytes: int = 0
+    store_full: StoreFullPolicy = StoreFullPolicy.BLOCK
+
+    @property
+    def disk_reserve_bytes(self) -> int:
+        """The reserve in force: `reserve_bytes`, or two journal files when it is 0."""
+        return self.reserve_bytes or 2 * self.journal_file_bytes
 
 
 @dataclass(frozen=True)
@@ -201,8 +222,17 @@ class Config:
             raise ConfigError("limits.max_header_bytes must not exceed max_frame_bytes")
         if not 0.0 < lim.memory_resume_ratio <= 1.0:
             raise ConfigError("limits.memory_resume_ratio must be in (0, 1]")
-        if self.store.journal_file_bytes < 1 * MiB:
+        store = self.store
+        if store.journal_file_bytes < 1 * MiB:
             raise ConfigError("store.journal_file_bytes must be at least 1 MiB")
+        for name in ("max_bytes", "reserve_bytes"):
+            if getattr(store, name) < 0:
+                raise ConfigError(f"store.{name} must not be negative (got {getattr(store, name)})")
+        if 0 < store.reserve_bytes < store.journal_file_bytes:
+            raise ConfigError(
+                f"store.reserve_bytes ({store.reserve_bytes}) must hold at least one journal file "
+                f"(store.journal_file_bytes = {store.journal_file_bytes}), or be 0 for two"
+            )
         if not 0 <= self.stomp.port <= 65535:
             raise ConfigError(f"stomp.port out of range: {self.stomp.port}")
         if self.policy.max_redeliveries < 0:
@@ -219,6 +249,35 @@ _SECTIONS: dict[str, type[Any]] = {
 }
 
 
+def _parse_int(raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise ValueError(raw)
+    return int(raw)
+
+
+def _parse_bool(raw: Any) -> bool:
+    if isinstance(raw, str):
+        if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(raw)
+        return raw.lower() in ("true", "1", "yes")
+    if not isinstance(raw, bool):
+        raise ValueError(raw)
+    return raw
+
+
+# Settings that moved, still read under their old names (documented as aliases):
+# (section, old name) -> (section, new name, parse of the raw value into the new setting's).
+_ALIASES: dict[tuple[str, str], tuple[str, str, Callable[[Any], Any]]] = {
+    # ActiveMQ's storeUsage limit and sendFailIfNoSpace, as Sluice first named them.
+    ("limits", "store_limit_bytes"): ("store", "max_bytes", _parse_int),
+    ("limits", "send_fail_if_no_space"): (
+        "store",
+        "store_full",
+        lambda raw: StoreFullPolicy.ERROR if _parse_bool(raw) else StoreFullPolicy.BLOCK,
+    ),
+}
+
+
 def _coerce(cls: type[Any], name: str, raw: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if name not in fields:
@@ -226,21 +285,13 @@ def _coerce(cls: type[Any], name: str, raw: Any, where: str) -> Any:
     default = getattr(cls(), name)
     try:
         if isinstance(default, bool):
-            if isinstance(raw, str):
-                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(raw)
-                return raw.lower() in ("true", "1", "yes")
-            if not isinstance(raw, bool):
-                raise ValueError(raw)
-            return raw
+            return _parse_bool(raw)
         if isinstance(default, enum.Enum):
             return type(default)(raw)
         if isinstance(default, Path):
             return Path(raw)
         if isinstance(default, int):
-            if isinstance(raw, bool):
-                raise ValueError(raw)
-            return int(raw)
+            return _parse_int(raw)
         if isinstance(default, float):
             return float(raw)
         return str(raw)
@@ -276,6 +327,16 @@ def _apply(config: Config, section: str, values: Mapping[str, Any], where: str) 
             return dataclasses.replace(config, **{section: _coerce(Config, section, values, where)})
         raise ConfigError(f"{where}: unknown section [{section}]")
     cls = _SECTIONS[section]
+    values = dict(values)
+    for (alias_section, old_name), (new_section, new_name, parse) in _ALIASES.items():
+        if alias_section == section and old_name in values:
+            raw = values.pop(old_name)
+            try:
+                value = parse(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{where}: invalid value {raw!r} for {old_name}") from exc
+            moved = dataclasses.replace(getattr(config, new_section), **{new_name: value})
+            config = dataclasses.replace(config, **{new_section: moved})
     current = getattr(config, section)
     changes = {k: _coerce(cls, k, v, f"{where} [{section}]") for k, v in values.items()}
     return dataclasses.replace(config, **{section: dataclasses.replace(current, **changes)})

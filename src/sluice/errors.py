@@ -67,6 +67,35 @@ class CorruptionError(StoreError):
     """Damaged data found where it cannot be cut off safely (not at the tail of the newest file)."""
 
 
+class StoreIOError(StoreError):
+    """The operating system failed a journal operation (a write, a sync, preparing a file).
+
+    `operation` and `strerror` make `reason`, a short account without paths that may be sent to
+    a client; the data this operation carried must be taken as lost, never retried as safe."""
+
+    def __init__(
+        self,
+        operation: str,
+        strerror: str,
+        path: str | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.operation = operation
+        self.strerror = strerror
+        super().__init__(f"{operation} failed: {strerror}", path, offset)
+
+    @property
+    def reason(self) -> str:
+        """What failed and the system's word for it, fit for a client."""
+        return f"{self.operation} failed: {self.strerror}"
+
+
+class DiskFullError(StoreIOError):
+    """The disk had no room for something the store had to write, and nothing of it was written
+    (a data file prepared ahead, the next data file, a new store). Not a failure of the store: it
+    goes on once space is back."""
+
+
 class StoreFullError(StoreError, LimitExceeded):
     """The store or temp store reached its disk limit and the policy is to fail sends."""
 

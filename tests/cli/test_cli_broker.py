@@ -3,6 +3,8 @@ and a journal broker keeps what `sluice send --persistent` was told is stored, a
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 from brokerproc import BrokerProcess
@@ -71,3 +73,30 @@ def test_unknown_store_is_a_usage_error(tmp_path: Path) -> None:
     result = sluice("broker", "--store", "paper", "--stomp", "127.0.0.1:0")
     assert result.returncode == 2
     assert "argument --store" in stderr_lines(result)[-1]
+
+
+def test_a_broker_whose_stop_hangs_still_exits_soon_after_sigterm(tmp_path: Path) -> None:
+    # Whatever holds the stop up (a writer stuck in the kernel on a failing disk, here a stop
+    # that never returns), SIGTERM ends the process within SHUTDOWN_TIMEOUT_S, as a crash.
+    hang = tmp_path / "hang.py"
+    hang.write_text(
+        "import sys, time\n"
+        "from sluice import cli\n"
+        "from sluice.server.listener import BrokerServer\n"
+        "async def stop(self):\n"
+        "    time.sleep(3600)\n"
+        "BrokerServer.stop = stop\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    config = f'[store]\nkind = "journal"\ndata_dir = "{tmp_path / "data"}"\n{SMALL_FILES}'
+    broker = BrokerProcess(config, tmp_path)
+    broker.args[1:3] = [str(hang)]  # the script instead of -m sluice
+    broker.start()
+    assert broker.proc is not None
+    started = time.monotonic()
+    broker.proc.send_signal(signal.SIGTERM)
+    broker.proc.wait(30)
+    took = time.monotonic() - started
+    assert broker.stop() == 1  # already gone: this only collects the rest of its log
+    assert took < 10.0, took
+    assert "did not stop within 8 s; exiting now" in broker.log_text

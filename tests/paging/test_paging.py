@@ -24,11 +24,12 @@ BROKER_LIMIT = 32 * MiB
 ALLOWANCE = 96 * MiB
 
 
-def _config(data: Path, extra: str = "") -> str:
+def _config(data: Path, extra: str = "", store: str = "") -> str:
     return f"""
 [store]
 kind = "journal"
 data_dir = "{data}"
+{store}
 [limits]
 destination_memory_limit_bytes = {DESTINATION_LIMIT}
 memory_limit_bytes = {BROKER_LIMIT}
@@ -103,7 +104,7 @@ def test_two_gib_of_persistent_messages_page_through(tmp_path: Path) -> None:
 
 def test_store_limit_refuses_sends_when_asked_to(tmp_path: Path) -> None:
     broker = BrokerProcess(
-        _config(tmp_path / "data", "store_limit_bytes = 1\nsend_fail_if_no_space = true"),
+        _config(tmp_path / "data", store='max_bytes = 1\nstore_full = "error"'),
         tmp_path,
     ).start()
     try:
@@ -112,14 +113,14 @@ def test_store_limit_refuses_sends_when_asked_to(tmp_path: Path) -> None:
         client.send(b"SEND\ndestination:/queue/full\npersistent:true\nreceipt:r\n\nx\0")
         error = client.frame()
         assert error.command == "ERROR"
-        assert "store_limit_bytes" in error.headers["message"]
+        assert "limit store.max_bytes=1 exceeded" in error.headers["message"]
         assert error.headers["receipt-id"] == "r"
     finally:
         assert broker.stop() == 0
 
 
 def test_store_limit_pauses_producers(tmp_path: Path) -> None:
-    broker = BrokerProcess(_config(tmp_path / "data", "store_limit_bytes = 1"), tmp_path).start()
+    broker = BrokerProcess(_config(tmp_path / "data", store="max_bytes = 1"), tmp_path).start()
     try:
         client = RawStomp(broker.port)
         client.connect()
@@ -130,7 +131,7 @@ def test_store_limit_pauses_producers(tmp_path: Path) -> None:
             client.frame(timeout=1.5)
     finally:
         assert broker.stop() == 0
-    assert "store_limit_bytes reached" in broker.log_text
+    assert "the store is full: store.max_bytes=0.0 MiB reached" in broker.log_text
 
 
 def test_a_large_transaction_is_never_held_in_memory(tmp_path: Path) -> None:

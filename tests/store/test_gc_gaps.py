@@ -169,3 +169,5 @@ def test_verify_agrees_with_a_start_on_a_gap_collection_made(
     report = verify(data, journal_config(data, **SMALL_FILES))
     assert report.ok, report.lines
     assert any(line.startswith("start: a start would open at") for line in report.lines)
+    (disk,) = [line for line in report.lines if line.startswith("disk: ")]
+    assert "MiB free on its filesystem" in disk

@@ -13,6 +13,7 @@ import pytest
 from brokerproc import BrokerProcess
 from conftest import RunningBroker
 from sluice.client import BlockingClient
+from waiting import wait_until
 
 from .conftest import (
     JOURNAL_FILE_BYTES,
@@ -22,7 +23,6 @@ from .conftest import (
     run_cli,
     sha,
     start_cli,
-    wait_until,
 )
 
 BROKER_TOML = f"""

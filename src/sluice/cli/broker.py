@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,9 @@ from sluice.cli.exitcodes import ExitCode
 __all__ = ["add_parsers"]
 
 log = logging.getLogger("sluice")
+
+# A stopping broker exits within this, whatever state its disk is in.
+SHUTDOWN_TIMEOUT_S = 8.0
 
 
 def _host_port(value: str) -> tuple[str, int]:
@@ -55,9 +60,17 @@ def _run_broker(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         from sluice.server.listener import BrokerServer  # noqa: PLC0415
+        from sluice.server.stores import open_stores  # noqa: PLC0415
 
-        server = BrokerServer(cfg)
+        store, temp_store = open_stores(cfg)
+        server = BrokerServer(cfg, store, temp_store=temp_store)
         await server.start()
+        # Until here a signal ends the process at once (a start is recovery: nothing to lose);
+        # from the line that says the broker listens, it stops the broker cleanly.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         print(
             f"sluice {__version__} listening on {cfg.stomp.host}:{server.port} "
             f"(store: {cfg.store.kind.value}"
@@ -66,15 +79,27 @@ def _run_broker(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        # Whatever the disk does, the broker is gone within SHUTDOWN_TIMEOUT_S: past it, it
+        # exits as after a crash (the next start replays the journal from its last checkpoint).
+        watchdog = threading.Timer(SHUTDOWN_TIMEOUT_S, _stop_now)
+        watchdog.daemon = True
+        watchdog.start()
         await server.stop()
+        watchdog.cancel()
 
     asyncio.run(serve())
     return ExitCode.OK
+
+
+def _stop_now() -> None:
+    log.error(
+        "the broker did not stop within %.0f s; exiting now (the next start recovers from the "
+        "journal)",
+        SHUTDOWN_TIMEOUT_S,
+    )
+    logging.shutdown()
+    os._exit(ExitCode.FAILURE)
 
 
 def add_parsers(sub: Any) -> dict[str, Runner]:

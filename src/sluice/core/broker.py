@@ -18,7 +18,9 @@ from typing import Protocol
 
 from sluice.config import Config, DestinationPolicy
 from sluice.core.destination import Destination
+from sluice.core.disk import DiskBudget
 from sluice.core.message import (
+    DEDUP_ID,
     GROUP_ID,
     STREAM_ABORT,
     STREAM_ABORT_REASON,
@@ -31,7 +33,7 @@ from sluice.core.queue import Queue
 from sluice.core.topic import Topic
 from sluice.core.usage import Usage
 from sluice.core.wildcard import WildcardIndex, compile_pattern
-from sluice.errors import LimitExceeded, StoreError
+from sluice.errors import DiskFullError, LimitExceeded, StoreError, StoreIOError
 from sluice.store.api import MessageStore, Recovery, WriteHandle
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,8 @@ ORIGINAL_DESTINATION = "x-original-destination"
 EXPIRY_SWEEP_INTERVAL_S = 5.0
 # The sweep runs at least twice per shortest stream_idle_timeout_s, but not more often than this.
 MIN_SWEEP_INTERVAL_S = 0.1
-DISK_CHECK_INTERVAL_S = 1.0
+# Disk use is measured this often (a statvfs and the store's counters), and estimated between.
+DISK_CHECK_INTERVAL_S = 0.25
 DLQ_REASON = "x-dlq-reason"
 
 
@@ -113,12 +116,33 @@ class Broker:
         self.limits = config.limits
         self.store = store
         self.temp_store = temp_store
-        # Disk use: refreshed from the stores every DISK_CHECK_INTERVAL_S, estimated in between
-        # from what was written since.
+        # Disk use: measured from the stores every DISK_CHECK_INTERVAL_S, estimated in between
+        # from what was accepted since.
+        store_cfg = config.store
+        self.store_disk = DiskBudget(
+            "the store",
+            "persistent producers",
+            counter="store",
+            limit_name="store.max_bytes",
+            limit_bytes=store_cfg.max_bytes,
+            reserve_bytes=store_cfg.disk_reserve_bytes,
+            resume_bytes=_resume_bytes(store_cfg.journal_file_bytes, store_cfg.max_bytes),
+            policy=store_cfg.store_full,
+            count=self.count,
+        )
+        self.temp_disk = DiskBudget(
+            "the temp store",
+            "non-persistent producers",
+            counter="temp",
+            limit_name="limits.temp_limit_bytes",
+            limit_bytes=self.limits.temp_limit_bytes,
+            reserve_bytes=store_cfg.disk_reserve_bytes,
+            resume_bytes=_resume_bytes(store_cfg.journal_file_bytes, self.limits.temp_limit_bytes),
+            policy=store_cfg.store_full,
+            count=self.count,
+        )
         self.store_disk_bytes = 0
         self.temp_disk_bytes = 0
-        self._written_since_check = 0
-        self._spooled_since_check = 0
         self._disk_waiters: dict[Hashable, Producer] = {}
         self._disk_timer: Cancellable | None = None
         self._loop = loop
@@ -139,8 +163,10 @@ class Broker:
         self.pending_write_bytes = 0
         self._write_waiters: dict[Hashable, Producer] = {}
         # A write to the store failed: it takes no more writes until it is reopened, so
-        # persistent messages are refused from then on.
+        # persistent messages are refused from then on. `store_failure` says why, fit for a
+        # client ("journal sync failed: Input/output error"), when the store said.
         self.store_failed = False
+        self.store_failure: str | None = None
         # The broker is stopping: connections it closes are not producers that died.
         self.shutting_down = False
         self.recovery: Recovery | None = None
@@ -401,6 +427,10 @@ class Broker:
             self._untrack_write(nbytes, error)
             if error is not None and withdrawable is not None:
                 destination.withdraw(withdrawable)
+                dedup_id = withdrawable.headers.get(DEDUP_ID)
+                if dedup_id is not None:
+                    # Not stored: the producer's retry is not a duplicate.
+                    destination.dedup.discard(dedup_id)
             withdrawable = None
             if on_stored is not None:
                 on_stored(handle)
@@ -433,53 +463,45 @@ class Broker:
         if message.persistent or message.spooled:
             self.pending_writes += 1
             self.pending_write_bytes += message.nbytes
-            if message.persistent:
-                self._written_since_check += message.nbytes
-            else:
-                self._spooled_since_check += message.nbytes
+            budget = self.store_disk if message.persistent else self.temp_disk
+            budget.note_accepted(message.nbytes)
 
     # -- disk limits ----------------------------------------------------------------------------
 
     def _check_disk(self) -> None:
-        """Refresh disk use from the stores; resume producers once below the limits."""
+        """Measure the stores' disks; resume producers once every store has room again."""
+        now = time.monotonic()
         stats = self.store.stats()
         self.store_disk_bytes = stats.disk_bytes
         if stats.write_errors and not self.store_failed:
             # A write nobody waited on (a removal, a mark) failed: the store is failed all the same.
             self.write_failed(StoreError("the message store reported a failed write"))
-        self.temp_disk_bytes = self.temp_store.stats().disk_bytes if self.temp_store else 0
-        self._written_since_check = self._spooled_since_check = 0
-        if (
-            self._disk_waiters
-            and not self.disk_full(persistent=True, resume=True)
-            and not (self.disk_full(persistent=False, resume=True))
-        ):
+        resumed = self.store_disk.measure(stats, now)
+        if self.temp_store is not None:
+            temp_stats = self.temp_store.stats()
+            self.temp_disk_bytes = temp_stats.disk_bytes
+            resumed = self.temp_disk.measure(temp_stats, now) or resumed
+        if (resumed or self._disk_waiters) and not (self.store_disk.full or self.temp_disk.full):
             waiters, self._disk_waiters = self._disk_waiters, {}
-            log.info("disk use back under its limits: resuming %d producers", len(waiters))
+            if waiters:
+                log.info("disk has room again: resuming %d producers", len(waiters))
             for producer in waiters.values():
                 producer.resume_producer(FlowReason.DISK)
         self._disk_timer = self._loop.call_later(DISK_CHECK_INTERVAL_S, self._check_disk)
 
-    def disk_full(self, *, persistent: bool, resume: bool = False) -> bool:
-        """Is the store (`persistent`) or the temp store over its limit (or, when deciding to
-        resume, above the resume ratio of it)?"""
-        factor = self.limits.memory_resume_ratio if resume else 1.0
-        if persistent:
-            used = self.store_disk_bytes + self._written_since_check
-            return used >= self.limits.store_limit_bytes * factor
-        used = self.temp_disk_bytes + self._spooled_since_check
-        return self.temp_store is not None and used >= self.limits.temp_limit_bytes * factor
+    def disk_budget(self, *, persistent: bool) -> DiskBudget:
+        """The disk of the store (`persistent`) or of the temp store."""
+        return self.store_disk if persistent else self.temp_disk
+
+    def disk_full(self, *, persistent: bool) -> bool:
+        """Is the store (`persistent`) or the temp store full (see `core/disk.py`)?"""
+        if not persistent and self.temp_store is None:
+            return False
+        return self.disk_budget(persistent=persistent).is_full(time.monotonic())
 
     def wait_for_disk(self, key: Hashable, producer: Producer, persistent: bool) -> None:
-        """Pause a producer until disk use falls back under its limit."""
-        limit = "store_limit_bytes" if persistent else "temp_limit_bytes"
-        self.count("flow_paused_disk")
-        if not self._disk_waiters:
-            log.warning(
-                "%s reached (%d bytes): pausing producers until space is freed",
-                limit,
-                self.limits.store_limit_bytes if persistent else self.limits.temp_limit_bytes,
-            )
+        """Pause a producer until the store (or temp store) has room again."""
+        self.disk_budget(persistent=persistent).paused_producer()
         self._disk_waiters[key] = producer
         producer.pause_producer(FlowReason.DISK)
 
@@ -498,11 +520,19 @@ class Broker:
                 producer.resume_producer(FlowReason.PENDING_WRITES)
 
     def write_failed(self, error: BaseException) -> None:
-        """A store write failed: count it; the first one is logged and from then on persistent
-        messages are refused (the store takes no more writes until it is reopened)."""
+        """A store write failed. For lack of space (`DiskFullError`: nothing was written, the
+        store goes on) the store counts as full until a measure finds room. Otherwise: count it;
+        the first one is logged and from then on persistent messages are refused (the store
+        takes no more writes until it is reopened)."""
+        if isinstance(error, DiskFullError):
+            self.count("store_no_space_errors")
+            self.store_disk.out_of_space(time.monotonic())
+            return
         self.count("store_write_errors")
         if not self.store_failed:
             self.store_failed = True
+            if isinstance(error, StoreIOError):
+                self.store_failure = error.reason
             log.error(
                 "a store write failed (%s): persistent messages are refused until the broker is "
                 "restarted",
@@ -535,11 +565,23 @@ class Broker:
         out = dict(self.counters)
         out["store_disk_bytes"] = self.store_disk_bytes
         out["temp_disk_bytes"] = self.temp_disk_bytes
+        disk = self.store_disk
+        out["store_full"] = int(disk.full)
+        out["store_room_bytes"] = disk.room_bytes
+        out["store_data_bytes"] = disk.held_bytes
+        out["store_disk_free_bytes"] = disk.free_bytes
+        out["temp_full"] = int(self.temp_disk.full)
         out["memory_used_bytes"] = self.usage.used
         out["pending_writes"] = self.pending_writes
         out["store_failed"] = int(self.store_failed)
         out["destinations"] = len(self.destinations)
         return out
+
+
+def _resume_bytes(file_bytes: int, limit_bytes: int) -> int:
+    """Room a full store needs back before producers resume: one journal file (collection
+    frees whole files), or a quarter of a smaller limit."""
+    return min(file_bytes, limit_bytes // 4) if limit_bytes else file_bytes
 
 
 def _not_waited(handle: WriteHandle | None) -> None:

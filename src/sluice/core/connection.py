@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from sluice.config import StoreFullPolicy
 from sluice.core.broker import Broker, FlowReason
 from sluice.core.destination import Destination
 from sluice.core.message import (
@@ -30,7 +31,7 @@ from sluice.core.topic import Topic
 from sluice.core.transaction import Transaction
 from sluice.core.usage import Usage
 from sluice.core.wildcard import WildcardError, compile_pattern, is_wildcard
-from sluice.errors import LimitExceeded, RequestError, StoreFullError, StoreUnavailableError
+from sluice.errors import LimitExceeded, RequestError, StoreUnavailableError
 from sluice.store.api import WriteHandle
 
 log = logging.getLogger(__name__)
@@ -143,23 +144,29 @@ class BrokerConnection:
         (whose `error` says the write failed). May pause the producer."""
         destination = self._destination(message.destination)
         broker = self.broker
-        if message.persistent and broker.store_failed:
+        persistent = message.persistent
+        if persistent and broker.store_failed:
             broker.count("sends_refused_store_failed")
+            cause = f" ({broker.store_failure})" if broker.store_failure else ""
             raise StoreUnavailableError(
-                "persistent messages are refused: the message store failed (see the broker log)"
+                f"persistent messages are refused: the message store failed{cause}; "
+                "see the broker log"
             )
-        if message.persistent and broker.disk_full(persistent=True):
-            limit = broker.limits.store_limit_bytes
-            if broker.limits.send_fail_if_no_space:
-                broker.count("sends_refused_store_full")
-                raise StoreFullError("store_limit_bytes", limit, "the store is full")
-            broker.wait_for_disk(self, self.link, persistent=True)
-        elif not message.persistent and broker.disk_full(persistent=False):
-            limit = broker.limits.temp_limit_bytes
-            if broker.limits.send_fail_if_no_space:
-                broker.count("sends_refused_temp_full")
-                raise StoreFullError("temp_limit_bytes", limit, "the temp store is full")
-            broker.wait_for_disk(self, self.link, persistent=False)
+        if persistent:
+            full = broker.disk_full(persistent=True)
+        else:
+            # Only a queue over its memory spools to the temp store's disk.
+            full = (
+                destination.kind is DestinationKind.QUEUE
+                and destination.usage.full
+                and broker.disk_full(persistent=False)
+            )
+        if full:
+            # At the limit: this message is taken (there is a reserve for it) and the producer
+            # waits; or, with store_full = "error", it is refused with the limit named.
+            if broker.config.store.store_full is StoreFullPolicy.ERROR:
+                raise broker.disk_budget(persistent=persistent).refusal()
+            broker.wait_for_disk(self, self.link, persistent=persistent)
         headers = message.headers
         dedup_id = headers.get(DEDUP_ID)
         if dedup_id is not None and dedup_id in destination.dedup:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sluice.core.message import Message
+from sluice.core.connection import SubscribeOptions
+from sluice.core.message import AckMode, Message
 from sluice.errors import RequestError
 from sluice.stomp.encoding import escape_value
 from sluice.stomp.frames import Frame, Version
@@ -52,6 +53,29 @@ def parse_int_header(
         upper = f" and {maximum}" if maximum is not None else ""
         raise RequestError(f"header {name} must be between {minimum}{upper}, got {value}")
     return value
+
+
+_ACK_MODES = {m.value: m for m in AckMode}
+
+
+def parse_subscribe(frame: Frame) -> tuple[str, str, AckMode, SubscribeOptions]:
+    """A SUBSCRIBE's id (the destination when absent, as 1.0 allows), destination, ack mode
+    and options; a bad ack mode or number is a `RequestError`."""
+    h = frame.headers
+    destination = h["destination"]
+    mode = _ACK_MODES.get(h.get("ack", "auto"))
+    if mode is None:
+        raise RequestError(f"unknown ack mode {h.get('ack')!r} in SUBSCRIBE")
+    options = SubscribeOptions(
+        prefetch=parse_int_header(h, "activemq.prefetchSize", minimum=1),
+        prefetch_bytes=parse_int_header(h, "x-prefetch-bytes", minimum=0) or 0,
+        selector=h.get("selector"),
+        exclusive=h.get("activemq.exclusive") == "true",
+        max_open_groups=parse_int_header(h, "x-max-open-groups", minimum=0) or 0,
+        durable_name=h.get("activemq.subscriptionName"),
+        offset=h.get("x-offset"),
+    )
+    return h.get("id", destination), destination, mode, options
 
 
 def build_message(frame: Frame, message_id: str, now_ms: int) -> Message:

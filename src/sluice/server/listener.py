@@ -1,35 +1,21 @@
-"""The broker server: opens the store, listens for STOMP connections, and shuts down cleanly."""
+"""The broker server: recovers the stores it is given, listens for STOMP connections, and
+shuts down cleanly."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
 
 from sluice import __version__
-from sluice.config import Config, StoreKind
+from sluice.config import Config
 from sluice.core.broker import Broker
+from sluice.server.context import Authenticator, LiveSession, SessionContext
 from sluice.server.session import StompSession
 from sluice.stomp.codec import StompLimits
 from sluice.store.api import MessageStore
-from sluice.store.memory import MemoryStore
 
 log = logging.getLogger(__name__)
-
-CONNECT_TIMEOUT_S = 30.0
-
-
-def open_stores(config: Config) -> tuple[MessageStore, MessageStore | None]:
-    """The store the configuration asks for, and the temp store non-persistent messages spool
-    to (only with the journal: with the memory store, a full memory pauses producers)."""
-    if config.store.kind is StoreKind.MEMORY:
-        return MemoryStore(), None
-    from sluice.store.journal.store import JournalStore  # noqa: PLC0415 - only when asked for
-
-    store = JournalStore(config.store, dedup_window=config.limits.dedup_window)
-    temp_config = dataclasses.replace(config.store, data_dir=config.store.data_dir / "tmp")
-    return store, JournalStore(temp_config, temporary=True)
 
 
 class BrokerServer:
@@ -38,37 +24,40 @@ class BrokerServer:
     def __init__(
         self,
         config: Config,
+        store: MessageStore,
         *,
-        store: MessageStore | None = None,
-        authenticate: Callable[[str | None, str | None], bool] | None = None,
+        temp_store: MessageStore | None = None,
+        authenticate: Authenticator | None = None,
     ) -> None:
+        """`store` and `temp_store` come from `stores.open_stores` (or a test); `authenticate`
+        checks CONNECT's login and passcode (everyone is let in without one)."""
         self.config = config
-        self.name = config.broker_name
         self.version = __version__
         self.loop = asyncio.get_running_loop()
-        temp_store: MessageStore | None = None
-        if store is None:
-            store, temp_store = open_stores(config)
         self.broker = Broker(config, store, self.loop, temp_store=temp_store)
-        self.stomp_limits = StompLimits(
-            max_frame_bytes=config.limits.max_frame_bytes,
-            max_header_bytes=config.limits.max_header_bytes,
-            max_headers=config.limits.max_headers,
+        limits = config.limits
+        self.sessions: set[LiveSession] = set()
+        context = SessionContext(
+            broker=self.broker,
+            config=config,
+            loop=self.loop,
+            stomp_limits=StompLimits(
+                max_frame_bytes=limits.max_frame_bytes,
+                max_header_bytes=limits.max_header_bytes,
+                max_headers=limits.max_headers,
+            ),
+            server_name=f"sluice/{__version__}",
+            broker_name=config.broker_name,
+            sessions=self.sessions,
         )
-        self.connect_timeout_s = CONNECT_TIMEOUT_S
-        self.sessions: set[StompSession] = set()
-        self._authenticate = authenticate
+        if authenticate is not None:
+            context = dataclasses.replace(context, authenticate=authenticate)
+        self.context = context
         self._server: asyncio.base_events.Server | None = None
         self.port = 0
 
-    def authenticate(self, login: str | None, passcode: str | None) -> bool:
-        """Check credentials (everyone is let in unless an authenticator is configured)."""
-        if self._authenticate is None:
-            return True
-        return self._authenticate(login, passcode)
-
     def _new_session(self) -> StompSession:
-        return StompSession(self)
+        return StompSession(self.context)
 
     async def start(self) -> None:
         """Recover the store and start listening."""
@@ -105,4 +94,16 @@ class BrokerServer:
         # Let the transports flush what they hold and run connection_lost.
         await asyncio.sleep(0)
         self.broker.close()
+        stats = self.broker.snapshot()
+        names = ("store_full_episodes", "temp_full_episodes", "store_no_space_errors")
+        if any(stats.get(name) for name in names):
+            log.info(
+                "disk while running: %d episodes of a full store (%d of the temp store), %d "
+                "producer pauses, %d sends refused, %d writes refused for lack of space",
+                stats.get("store_full_episodes", 0),
+                stats.get("temp_full_episodes", 0),
+                stats.get("flow_paused_disk", 0),
+                stats.get("sends_refused_store_full", 0) + stats.get("sends_refused_temp_full", 0),
+                stats.get("store_no_space_errors", 0),
+            )
         log.info("sluice stopped")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from sluice.errors import DiskFullError, StoreIOError
 from sluice.server.flow import FlowControl, ReadPause
 from sluice.stomp.encoding import escape_value
 from sluice.stomp.frames import Version
@@ -93,3 +94,25 @@ def receipt_frame(receipt_id: str, extra_headers: str, version: Version) -> byte
     return (
         b"RECEIPT\nreceipt-id:" + receipt_id.encode() + b"\n" + extra_headers.encode() + b"\n\x00"
     )
+
+
+def not_stored_message(error: BaseException) -> str:
+    """The ERROR message for a send the store did not write, naming the cause when the store gave
+    one fit for a client (never the text of an unexpected exception)."""
+    if isinstance(error, DiskFullError):
+        return (
+            f"the message was not stored: the store's disk is full ({error.strerror}); "
+            "send it again later"
+        )
+    if isinstance(error, StoreIOError):
+        return f"the message was not stored: the message store failed ({error.reason}); " + _LOG
+    return "the message was not stored: the message store failed; " + _LOG
+
+
+def not_committed_message(cause: str | None) -> str:
+    """The ERROR message for a COMMIT the store did not write (`cause` as the broker has it)."""
+    detail = f" ({cause})" if cause else ""
+    return f"the transaction was not committed: the message store failed{detail}; " + _LOG
+
+
+_LOG = "see the broker log"

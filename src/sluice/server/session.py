@@ -12,47 +12,47 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from sluice.core.broker import FlowReason
-from sluice.core.connection import BrokerConnection, SubscribeOptions
-from sluice.core.message import AckMode, Message
+from sluice.core.connection import BrokerConnection
+from sluice.core.message import Message
 from sluice.core.subscription import Subscription
 from sluice.core.topic import Topic
-from sluice.errors import LimitExceeded, RemoteProtocolError, RequestError, StoreUnavailableError
+from sluice.errors import (
+    DiskFullError,
+    LimitExceeded,
+    RemoteProtocolError,
+    RequestError,
+    StoreFullError,
+    StoreUnavailableError,
+)
+from sluice.server.context import CloseReason, SessionContext
 from sluice.server.flow import FlowControl, ReadPause
-from sluice.server.frames import build_message, encode_common_headers, parse_int_header
+from sluice.server.frames import (
+    build_message,
+    encode_common_headers,
+    parse_subscribe,
+)
 from sluice.server.outbound import Outbound
-from sluice.server.receipts import PendingReceipt, ReceiptQueue, receipt_frame
+from sluice.server.receipts import (
+    PendingReceipt,
+    ReceiptQueue,
+    not_committed_message,
+    not_stored_message,
+    receipt_frame,
+)
 from sluice.stomp.connection import ConnState, Role, StompConnection
 from sluice.stomp.encoding import escape_value
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
 
 if TYPE_CHECKING:
-    from sluice.server.listener import BrokerServer
     from sluice.store.api import WriteHandle
 
 log = logging.getLogger(__name__)
-
-
-class CloseReason(enum.Enum):
-    """Why the broker closed (or saw the end of) a connection. Logged and counted."""
-
-    CLIENT_DISCONNECT = "client_disconnect"
-    PEER_CLOSED = "peer_closed"
-    PROTOCOL_ERROR = "protocol_error"
-    REQUEST_ERROR = "request_error"
-    LIMIT = "limit"
-    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
-    CONNECT_TIMEOUT = "connect_timeout"
-    SLOW_CONSUMER = "slow_consumer"
-    SHUTDOWN = "shutdown"
-    INTERNAL_ERROR = "internal_error"
-    STORE_FAILURE = "store_failure"
 
 
 _FLOW_TO_PAUSE = {
@@ -60,8 +60,6 @@ _FLOW_TO_PAUSE = {
     FlowReason.PENDING_WRITES: ReadPause.PENDING_WRITES,
     FlowReason.DISK: ReadPause.DISK,
 }
-
-_ACK_MODES = {m.value: m for m in AckMode}
 
 # Bodies smaller than this are copied into the frame's buffer; larger ones are written as they are.
 _COPY_BODY_BELOW = 64 * 1024
@@ -75,14 +73,14 @@ class _SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 class StompSession(asyncio.Protocol):
     """One client connection."""
 
-    def __init__(self, server: BrokerServer) -> None:
-        self.server = server
-        self.broker = server.broker
-        self.config = server.config
-        self.loop = server.loop
+    def __init__(self, context: SessionContext) -> None:
+        self.context = context
+        self.broker = context.broker
+        self.config = context.config
+        self.loop = context.loop
         limits = self.config.limits
         self.stomp = StompConnection(
-            Role.SERVER, server.stomp_limits, grace_factor=self.config.heartbeat.grace_factor
+            Role.SERVER, context.stomp_limits, grace_factor=self.config.heartbeat.grace_factor
         )
         self.transport: asyncio.Transport | None = None
         self.core: BrokerConnection | None = None
@@ -121,13 +119,13 @@ class StompSession(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.log = _SessionLog(log, {"conn": id(self) % 100000, "peer": peer})
         limit = limits.max_connections
-        if len(self.server.sessions) >= limit:
+        if len(self.context.sessions) >= limit:
             self.broker.count("limit_max_connections")
             self.log.warning("refusing a connection: limit max_connections=%d reached", limit)
             self._fail(CloseReason.LIMIT, f"limit max_connections={limit} reached")
             return
-        self.server.sessions.add(self)
-        self._timer = self.loop.call_later(self.server.connect_timeout_s, self._connect_timeout)
+        self.context.sessions.add(self)
+        self._timer = self.loop.call_later(self.context.connect_timeout_s, self._connect_timeout)
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser and handle what it yields."""
@@ -144,7 +142,7 @@ class StompSession(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """Release everything the connection held."""
         self._shutdown(self.close_reason or CloseReason.PEER_CLOSED)
-        self.server.sessions.discard(self)
+        self.context.sessions.discard(self)
 
     def pause_writing(self) -> None:
         """The peer is not keeping up: stop dispatching to this connection and reading from it."""
@@ -244,7 +242,9 @@ class StompSession(asyncio.Protocol):
             handler = self._handlers[command]
             handler(self, core, frame, receipt)
         except (RequestError, LimitExceeded) as exc:
-            if isinstance(exc, LimitExceeded):
+            if isinstance(exc, StoreFullError):
+                reason = CloseReason.STORE_FULL
+            elif isinstance(exc, LimitExceeded):
                 reason = CloseReason.LIMIT
             elif isinstance(exc, StoreUnavailableError):
                 reason = CloseReason.STORE_FAILURE
@@ -260,7 +260,7 @@ class StompSession(asyncio.Protocol):
             self._timer = None
         hb = self.config.heartbeat
         receipt = frame.headers.get("receipt")
-        authenticated = self.server.authenticate(
+        authenticated = self.context.authenticate(
             frame.headers.get("login"), frame.headers.get("passcode")
         )
         if not authenticated:
@@ -274,8 +274,8 @@ class StompSession(asyncio.Protocol):
             data = self.stomp.accept(
                 frame,
                 server_heartbeat=(hb.send_ms, hb.receive_ms),
-                server_name=f"sluice/{self.server.version}",
-                session=f"{self.server.name}-{id(self)}",
+                server_name=self.context.server_name,
+                session=f"{self.context.broker_name}-{id(self)}",
             )
         except RemoteProtocolError as exc:
             exc.receipt_id = receipt  # no common version, a malformed heart-beat
@@ -298,8 +298,11 @@ class StompSession(asyncio.Protocol):
             entry = self._receipts.add(receipt, done=False)
 
             def stored(handle: WriteHandle | None) -> None:
-                if handle is not None and handle.error is not None:
-                    self._receipt_failed(entry, _NOT_STORED)
+                error = handle.error if handle is not None else None
+                if error is not None:
+                    full = isinstance(error, DiskFullError)
+                    reason = CloseReason.STORE_FULL if full else CloseReason.STORE_FAILURE
+                    self._receipt_failed(entry, not_stored_message(error), reason)
                     return
                 entry.done = True
                 self._flush_receipts()
@@ -311,22 +314,7 @@ class StompSession(asyncio.Protocol):
                 self._receipt(receipt)
 
     def _on_subscribe(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        h = frame.headers
-        destination = h["destination"]
-        sub_id = h.get("id", destination)
-        mode = _ACK_MODES.get(h.get("ack", "auto"))
-        if mode is None:
-            raise RequestError(f"unknown ack mode {h.get('ack')!r} in SUBSCRIBE")
-        prefetch = parse_int_header(h, "activemq.prefetchSize", minimum=1)
-        options = SubscribeOptions(
-            prefetch=prefetch,
-            prefetch_bytes=parse_int_header(h, "x-prefetch-bytes", minimum=0) or 0,
-            selector=h.get("selector"),
-            exclusive=h.get("activemq.exclusive") == "true",
-            max_open_groups=parse_int_header(h, "x-max-open-groups", minimum=0) or 0,
-            durable_name=h.get("activemq.subscriptionName"),
-            offset=h.get("x-offset"),
-        )
+        sub_id, destination, mode, options = parse_subscribe(frame)
         sub = core.subscribe(sub_id, destination, mode, options)
         escaped = (
             escape_value(sub_id, self._version) if self._version is not Version.V1_0 else sub_id
@@ -403,7 +391,7 @@ class StompSession(asyncio.Protocol):
             self._flush_receipts()
 
         def failed() -> None:
-            self._receipt_failed(entry, _NOT_COMMITTED)
+            self._receipt_failed(entry, not_committed_message(self.broker.store_failure))
 
         core.commit(frame.headers["transaction"], done, failed)
 
@@ -442,7 +430,12 @@ class StompSession(asyncio.Protocol):
         else:
             self.outbound.write(receipt_frame(receipt_id, extra_headers, self._version))
 
-    def _receipt_failed(self, entry: PendingReceipt, message: str) -> None:
+    def _receipt_failed(
+        self,
+        entry: PendingReceipt,
+        message: str,
+        reason: CloseReason = CloseReason.STORE_FAILURE,
+    ) -> None:
         """The store failed to write what `entry` waits for: the receipts before it go out, then
         an ERROR for it (never a RECEIPT), and the connection closes."""
         if self._closing:
@@ -453,7 +446,7 @@ class StompSession(asyncio.Protocol):
                 self.outbound.write(
                     receipt_frame(done.receipt_id, done.extra_headers, self._version)
                 )
-        self._fail(CloseReason.STORE_FAILURE, message, receipt_id=entry.receipt_id)
+        self._fail(reason, message, receipt_id=entry.receipt_id)
 
     def _flush_receipts(self) -> None:
         disconnect = False
@@ -603,10 +596,6 @@ class StompSession(asyncio.Protocol):
         self._timer = self._slow_timer = None
         if self.core is not None:
             self.core.close()
-
-
-_NOT_STORED = "the message was not stored: the message store failed (see the broker log)"
-_NOT_COMMITTED = "the transaction was not committed: the message store failed (see the broker log)"
 
 
 def _ignore(handle: WriteHandle | None) -> None:

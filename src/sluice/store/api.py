@@ -187,6 +187,18 @@ class StoreStats:
     compacted_files: int = 0
     # Message records that failed their checks when read back: reported, counted and dropped.
     damaged_records: int = 0
+    # Disk as a bounded resource (journal store; a store without a disk leaves these alone).
+    # What the store holds: `disk_bytes` less the space preallocated and not written yet.
+    data_bytes: int = 0
+    # Space the store has taken on the disk and not written yet (the rest of the file being
+    # written, a data file prepared ahead): writes go there without needing more disk.
+    preallocated_bytes: int = 0
+    # Free bytes on the store's filesystem; -1 for a store without a disk.
+    disk_free_bytes: int = -1
+    # The store could not get the space for its next data file (it goes on once it can).
+    no_space: bool = False
+    # Batches refused for lack of space before any of their bytes were written.
+    no_space_errors: int = 0
 
 
 class MessageStore(Protocol):

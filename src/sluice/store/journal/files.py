@@ -1,29 +1,42 @@
 """Journal data files: naming, zero-filled preallocation, appending batches, rollover, reading.
 
-Files are preallocated by writing zeros rather than with `posix_fallocate`: on ext4 an fdatasync
+Files are preallocated by writing zeros, not with `posix_fallocate` alone: on ext4 an fdatasync
 after overwriting written zeros only flushes data, while the first write into a fallocated
 (unwritten) extent also commits an extent conversion to the filesystem journal. Measured on the
 target machine: about 8,000-9,700 fdatasync/s after zero-filling against 5,000/s with fallocate
-(and 5,000/s on a growing file). Zero-filling 32 MiB costs about 0.1 s of disk, so a helper thread
-prepares the next file ahead of time (`Preallocator`) and rollover is a rename.
+(and 5,000/s on a growing file). (`posix_fallocate` does go first, to claim the space at once;
+the zeros then leave no unwritten extent behind, as `filefrag -v` shows.) Zero-filling 32 MiB
+costs about 0.1 s of disk, so a helper thread prepares the next file ahead of time
+(`Preallocator`) and rollover is a rename.
 
 Crash safety of rollover: the full file is fsynced before the next one exists, and a new file is
 complete (zeros, header record, fsync) before its name appears, then the directory is fsynced before
 the first record is written to it. A crash in between leaves at most an incomplete newest file that
 recovery re-initialises.
+
+A full disk: a file is only started when the filesystem reports room for all of it, and its space
+is claimed with `posix_fallocate` before the zeros go in, so running out shows at once as
+`DiskFullError` and never as a half-written file (a partial one is deleted). The head file stays
+the head until its successor is complete and open, so a failed rollover changes nothing. A data
+file that could not be prepared ahead is tried again after `PREPARE_RETRY_S`, never in a loop.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sluice.errors import CorruptionError, StoreError
+from sluice.errors import CorruptionError, DiskFullError, StoreError, StoreIOError
 from sluice.store.journal import format as fmt
+
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^db-([1-9][0-9]*)\.log$")
 _SPARE_SUFFIX = ".spare"
@@ -32,6 +45,11 @@ try:
     _IOV_MAX = int(os.sysconf("SC_IOV_MAX"))
 except (ValueError, OSError, AttributeError):
     _IOV_MAX = 1024
+# After a data file could not be prepared (no space), wait this long before trying again.
+PREPARE_RETRY_S = 1.0
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+# posix_fallocate is not supported everywhere; zero-filling alone still claims the space.
+_NO_FALLOCATE = frozenset({errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
 
 
 def file_path(journal_dir: Path, file_no: int) -> Path:
@@ -68,12 +86,37 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem holding `path` (or its
+    nearest existing parent)."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    st = os.statvfs(probe)
+    return st.f_bavail * st.f_frsize
+
+
+def is_no_space(exc: OSError) -> bool:
+    """Whether an OS error means the disk (or the quota) is full."""
+    return exc.errno in _NO_SPACE
+
+
+def io_error(operation: str, exc: OSError, path: Path, offset: int | None = None) -> StoreIOError:
+    """The store's error for a failed OS call: `DiskFullError` when it was a lack of space."""
+    cls = DiskFullError if is_no_space(exc) else StoreIOError
+    return cls(operation, exc.strerror or str(exc), str(path), offset)
+
+
 def write_all(fd: int, buffers: Sequence[bytes | memoryview], offset: int) -> int:
-    """Write buffers at `offset` with as few `pwritev` calls as IOV_MAX allows; returns the end."""
+    """Write buffers at `offset` with as few `pwritev` calls as IOV_MAX allows; returns the end.
+
+    A call that writes nothing raises (ENOSPC) rather than being tried again."""
     pending = list(buffers)
     while pending:
         chunk = pending[:_IOV_MAX]
         written = os.pwritev(fd, chunk, offset)
+        if written == 0 and any(len(buf) for buf in chunk):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         offset += written
         # A short write: drop what went out and go on with the rest.
         consumed = 0
@@ -90,33 +133,77 @@ def write_all(fd: int, buffers: Sequence[bytes | memoryview], offset: int) -> in
     return offset
 
 
-def _zero_fill(fd: int, file_bytes: int) -> None:
+class Cancelled(Exception):
+    """Preparing a file was given up because the store is closing."""
+
+
+def _zero_fill(fd: int, file_bytes: int, cancelled: Callable[[], bool] | None) -> None:
     done = 0
     while done < file_bytes:
+        if cancelled is not None and cancelled():
+            raise Cancelled
         n = min(len(_ZERO_CHUNK), file_bytes - done)
         done = write_all(fd, (_ZERO_CHUNK[:n],), done)
 
 
 def create_file(
-    path: Path, file_no: int, store_id: bytes, file_bytes: int, *, sync: bool = True
+    path: Path,
+    file_no: int,
+    store_id: bytes,
+    file_bytes: int,
+    *,
+    sync: bool = True,
+    cancelled: Callable[[], bool] | None = None,
 ) -> None:
-    """Create a complete data file at `path` (zeros, header record), durable when `sync`."""
+    """Create a complete data file at `path` (zeros, header record), durable when `sync`.
+
+    Raises OSError (ENOSPC before anything is written when the filesystem reports too little
+    room) or `Cancelled`; either way no partial file is left behind."""
+    if free_bytes(path.parent) < file_bytes:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        _zero_fill(fd, file_bytes)
+        try:
+            os.posix_fallocate(fd, 0, file_bytes)
+        except OSError as exc:
+            if exc.errno not in _NO_FALLOCATE:
+                raise
+        _zero_fill(fd, file_bytes, cancelled)
         header = fmt.encode_file_header(file_no, store_id, int(time.time() * 1000))
         write_all(fd, (header,), 0)
         if sync:
             os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
 
 
 class Preallocator:
-    """Prepares the next data file on its own thread so rollover does not wait for the disk."""
+    """Prepares data files before the writer needs them.
 
-    def __init__(self, journal_dir: Path, store_id: bytes, file_bytes: int) -> None:
+    With `ahead` a helper thread makes the next file as soon as the writer names it (`prepare`),
+    so rollover is a rename. `ensure` makes the file on the caller's thread when the helper has
+    not (or with `ahead=False`, always: the temp store does not hold a spare file on the disk).
+    Files are synced once complete unless not `durable` (the temp store).
+
+    A file that cannot be made is deleted, and its error kept in `error` until a file is made
+    again: the store reports it (`StoreStats.no_space`). The helper tries again after
+    `PREPARE_RETRY_S`, not before; every wait here ends when the store closes."""
+
+    def __init__(
+        self,
+        journal_dir: Path,
+        store_id: bytes,
+        file_bytes: int,
+        *,
+        ahead: bool = True,
+        durable: bool = True,
+    ) -> None:
         self._dir = journal_dir
+        self._durable = durable
         self._store_id = store_id
         self._file_bytes = file_bytes
         self._cond = threading.Condition()
@@ -124,58 +211,135 @@ class Preallocator:
         self._ready = 0
         self._busy = 0
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="sluice-prealloc", daemon=True)
-        self._thread.start()
+        self._retry_at = 0.0
+        self.error: StoreIOError | None = None
+        self._thread: threading.Thread | None = None
+        if ahead:
+            self._thread = threading.Thread(target=self._run, name="sluice-prealloc", daemon=True)
+            self._thread.start()
 
     def _spare(self, file_no: int) -> Path:
         return self._dir / f"db-{file_no}.log{_SPARE_SUFFIX}"
 
+    @property
+    def file_bytes(self) -> int:
+        """Size of each data file."""
+        return self._file_bytes
+
+    def ready_for(self, file_no: int) -> bool:
+        """Whether `file_no` is prepared (its space already taken on the disk)."""
+        return self._ready == file_no
+
     def prepare(self, file_no: int) -> None:
-        """Ask for `file_no` to be made ready."""
+        """Ask for `file_no` to be made ready ahead (a no-op without the helper)."""
+        if self._thread is None:
+            return
         with self._cond:
-            self._wanted = file_no
+            if self._wanted != file_no:
+                self._wanted = file_no
+                self._retry_at = 0.0
             self._cond.notify_all()
+
+    def ensure(self, file_no: int) -> None:
+        """Make sure `file_no` is prepared, making it now if it is not. Raises `DiskFullError`
+        (nothing was written) or `StoreIOError`."""
+        with self._cond:
+            while self._busy and not self._stopping:
+                self._cond.wait(0.1)
+            if self._ready == file_no:
+                return
+            if self._stopping:
+                raise StoreError("the journal store is closing", str(self._spare(file_no)))
+            self._busy = file_no
+        try:
+            self._make(file_no)
+        finally:
+            with self._cond:
+                self._busy = 0
+                self._cond.notify_all()
 
     def take(self, file_no: int, target: Path) -> bool:
         """Rename the prepared spare to `target` if it is `file_no`'s (waiting if it is being
-        written). Returns False when there is none; the caller creates the file itself."""
+        written). Returns False when there is none."""
         with self._cond:
-            while self._busy == file_no:
-                self._cond.wait()
+            while self._busy == file_no and not self._stopping:
+                self._cond.wait(0.1)
             if self._ready != file_no:
                 return False
             self._ready = 0
         os.rename(self._spare(file_no), target)
         return True
 
-    def stop(self) -> None:
-        """Stop the thread and delete an unused spare."""
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop the helper (a file being written is given up) and delete an unused spare."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error("the journal preallocator did not stop within %.0f s", timeout_s)
+                return
         remove_spares(self._dir)
+
+    def _make(self, file_no: int) -> None:
+        """Write the spare of `file_no` (the caller has set `_busy` to it)."""
+        with self._cond:
+            stale, self._ready = self._ready, 0
+        if stale and stale != file_no:
+            # Prepared for a file number that has passed: it will never be used.
+            with contextlib.suppress(OSError):
+                os.unlink(self._spare(stale))
+        path = self._spare(file_no)
+        try:
+            create_file(
+                path,
+                file_no,
+                self._store_id,
+                self._file_bytes,
+                sync=self._durable,
+                cancelled=lambda: self._stopping,
+            )
+        except Cancelled:
+            raise StoreError("the journal store is closing", str(path)) from None
+        except OSError as exc:
+            error = io_error("preparing a data file", exc, path)
+            with self._cond:
+                first = self.error is None
+                self.error = error
+                self._retry_at = time.monotonic() + PREPARE_RETRY_S
+            if first:
+                log.warning("journal: cannot prepare %s: %s (trying again)", path.name, error)
+            raise error from exc
+        with self._cond:
+            self._ready = file_no
+            if self.error is not None:
+                log.info("journal: %s prepared; space is back", path.name)
+            self.error = None
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and self._wanted in (0, self._ready):
+                while True:
+                    if self._stopping:
+                        return
+                    wanted = self._wanted
+                    if wanted and wanted != self._ready and not self._busy:
+                        delay = self._retry_at - time.monotonic()
+                        if delay <= 0:
+                            break
+                        self._cond.wait(delay)
+                        continue
                     self._cond.wait()
-                if self._stopping:
-                    return
-                file_no = self._busy = self._wanted
-            ok = False
+                self._busy = wanted
             try:
-                create_file(self._spare(file_no), file_no, self._store_id, self._file_bytes)
-                ok = True
-            except OSError:
-                # The writer then creates the file itself and reports any error it gets.
-                pass
-            with self._cond:
-                self._busy = 0
-                if ok:
-                    self._ready = file_no
-                self._cond.notify_all()
+                self._make(wanted)
+            except StoreError:
+                pass  # kept in `error` (and logged once); the writer reports what it gets
+            finally:
+                with self._cond:
+                    self._busy = 0
+                    self._cond.notify_all()
 
 
 class HeadFile:
@@ -218,13 +382,30 @@ class HeadFile:
             or self.offset <= fmt.FILE_HEADER_RECORD_BYTES
         )
 
+    @property
+    def free_in_file(self) -> int:
+        """Bytes of the head file not written yet (its space is already taken on the disk)."""
+        return max(0, self.file_bytes - self.offset)
+
+    def next_ready(self) -> bool:
+        """Whether the next data file is prepared already."""
+        return self._prealloc is not None and self._prealloc.ready_for(self.file_no + 1)
+
+    def prepare_next(self) -> None:
+        """Make sure the next rollover will not need new space: prepare the next file now if it
+        is not ready. Raises `DiskFullError` with nothing written."""
+        if self._prealloc is not None:
+            self._prealloc.ensure(self.file_no + 1)
+
     def write(self, buffers: Sequence[bytes | memoryview]) -> None:
-        """Append at the current offset (the caller has checked `fits` and advanced nothing)."""
+        """Append at the current offset (the caller has checked `fits` and advanced nothing).
+
+        Any failure, ENOSPC included, raises `StoreIOError`: bytes may be half written."""
         try:
             self.offset = write_all(self.fd, buffers, self.offset)
         except OSError as exc:
-            raise StoreError(
-                f"journal write failed: {exc.strerror}", str(self.path), self.offset
+            raise StoreIOError(
+                "journal write", exc.strerror or str(exc), str(self.path), self.offset
             ) from exc
         self.unsynced = True
 
@@ -241,40 +422,51 @@ class HeadFile:
         try:
             os.fdatasync(self.fd)
         except OSError as exc:
-            raise StoreError(f"journal sync failed: {exc.strerror}", str(self.path)) from exc
+            # Never tried again: after a failed sync the kernel may have dropped the dirty pages
+            # and a second sync can succeed without them.
+            raise StoreIOError("journal sync", exc.strerror or str(exc), str(self.path)) from exc
         self.unsynced = False
         self.syncs += 1
 
     def rollover(self) -> int:
-        """Seal the head file and start the next one; returns the new file number."""
+        """Seal the head file and start the next one; returns the new file number.
+
+        The head changes only once the next file is complete and open: when that fails
+        (`DiskFullError` for a lack of space) the head is as it was."""
         if self.sync_on_rollover:
             self.sync()
-        os.close(self.fd)
         next_no = self.file_no + 1
         target = file_path(self.journal_dir, next_no)
+        prealloc = self._prealloc
         try:
-            taken = self._prealloc is not None and self._prealloc.take(next_no, target)
-            if not taken:
+            if prealloc is not None:
+                prealloc.ensure(next_no)
+                if not prealloc.take(next_no, target):
+                    raise StoreError("the prepared data file went missing", str(target))
+            else:
                 create_file(
                     target, next_no, self.store_id, self.file_bytes, sync=self.sync_on_rollover
                 )
             if self.sync_on_rollover:
                 fsync_dir(self.journal_dir)
-            self.fd = os.open(target, os.O_RDWR)
+            fd = os.open(target, os.O_RDWR)
         except OSError as exc:
-            raise StoreError(f"cannot start data file: {exc.strerror}", str(target)) from exc
+            raise io_error("starting a data file", exc, target) from exc
+        os.close(self.fd)
+        self.fd = fd
         self.file_no = next_no
         self.offset = fmt.FILE_HEADER_RECORD_BYTES
         self.unsynced = False
-        if self._prealloc is not None:
-            self._prealloc.prepare(next_no + 1)
+        if prealloc is not None:
+            prealloc.prepare(next_no + 1)
         return next_no
 
-    def close(self) -> None:
-        """Release the descriptor (after a final sync when data is pending)."""
+    def close(self, *, sync: bool = True) -> None:
+        """Release the descriptor, after a final sync when data is pending and `sync` (False
+        after a failure: a sync is never tried again)."""
         if self.fd >= 0:
             try:
-                if self.unsynced and self.sync_on_rollover:
+                if sync and self.unsynced and self.sync_on_rollover:
                     os.fdatasync(self.fd)
             finally:
                 os.close(self.fd)

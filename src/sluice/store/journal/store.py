@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from sluice.config import DEFAULT_DEDUP_WINDOW, StoreConfig, SyncPolicy
-from sluice.errors import CorruptionError, StoreError
+from sluice.errors import CorruptionError, DiskFullError, StoreError
 from sluice.store.api import (
     CompletionSink,
     RecoveredSubscription,
@@ -37,7 +37,13 @@ from sluice.store.api import (
     WriteState,
 )
 from sluice.store.journal import format as fmt
-from sluice.store.journal.files import FileReader, Preallocator, file_path, list_files
+from sluice.store.journal.files import (
+    FileReader,
+    Preallocator,
+    file_path,
+    free_bytes,
+    list_files,
+)
 from sluice.store.journal.gc import GcResult
 from sluice.store.journal.index import Index
 from sluice.store.journal.indexcodec import MsgLoc, dkey, msg_key
@@ -45,7 +51,7 @@ from sluice.store.journal.ops import Op
 from sluice.store.journal.overlay import MAX_SEQ, Overlay
 from sluice.store.journal.recovery import recover
 from sluice.store.journal.scan import parse_add
-from sluice.store.journal.writer import Writer
+from sluice.store.journal.writer import RequestKind, Writer
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +115,13 @@ class JournalStore:
         destinations, subscriptions = state.recovered()
         self._index = state.index
         self._next_txno = state.next_txno
+        # The temp store makes each data file when it needs it: it holds no spare on the disk.
         self._prealloc = Preallocator(
-            self.journal_dir, recovered.store_id, self.config.journal_file_bytes
+            self.journal_dir,
+            recovered.store_id,
+            self.config.journal_file_bytes,
+            ahead=not self.temporary,
+            durable=not self.temporary,
         )
         head.attach(self._prealloc, sync_on_rollover=not self.temporary)
         files = list_files(self.journal_dir)
@@ -148,15 +159,28 @@ class JournalStore:
         writer = self._writer
         if writer is None:
             return
-        writer.stop()
+        self._writer = None
+        stopped = writer.stop()
         if self._prealloc is not None:
             self._prealloc.stop()
-        writer.head.close()
+        if not stopped:
+            # Its thread still holds the head file and the index: leave both; the next start
+            # replays the journal from the last checkpoint, as after a crash.
+            return
+        ok = writer.failed is None
+        try:
+            writer.head.close(sync=ok)
+        except OSError as exc:
+            ok = False
+            log.error("journal: closing %s failed: %s", writer.head.path, exc.strerror)
         with self._read_lock:
             self._reader.close()
         assert self._index is not None
-        self._index.close(clean=writer.failed is None)
-        self._writer = None
+        try:
+            self._index.close(clean=ok)
+        except OSError as exc:
+            # Only the clean marker is missing: the next start checks the index in full.
+            log.error("journal: closing the index cleanly failed: %s", exc.strerror)
 
     @property
     def _w(self) -> Writer:
@@ -479,19 +503,32 @@ class JournalStore:
         """A snapshot of the store's numbers (disk bytes include the index)."""
         with self._lock:
             snapshot = dataclasses.replace(self._stats)
-        if self._index is not None:
-            snapshot.disk_bytes += self._index.size_bytes()
+        index_bytes = self._index.size_bytes() if self._index is not None else 0
+        snapshot.disk_bytes += index_bytes
+        writer, prealloc = self._writer, self._prealloc
+        if writer is not None and prealloc is not None:
+            head = writer.head
+            # Racy reads of ints the writer moves: a gauge, refreshed every check.
+            unwritten = head.free_in_file
+            prepared = prealloc.file_bytes if head.next_ready() else 0
+            snapshot.preallocated_bytes = unwritten + prepared
+            snapshot.data_bytes = max(0, snapshot.disk_bytes - unwritten)
+            snapshot.no_space = isinstance(prealloc.error, DiskFullError) and not prepared
+        try:
+            snapshot.disk_free_bytes = free_bytes(self.config.data_dir)
+        except OSError:
+            snapshot.disk_free_bytes = -1
         return snapshot
 
     def gc(self) -> GcResult:
         """Collect and compact now, on the writer thread; blocks (tools and tests, not the loop)."""
-        result = self._w.request("gc")
+        result = self._w.request(RequestKind.GC)
         assert result is not None
         return result
 
     def checkpoint(self) -> None:
         """Commit the index now, on the writer thread; blocks (tools and tests, not the loop)."""
-        self._w.request("checkpoint")
+        self._w.request(RequestKind.CHECKPOINT)
 
     @contextlib.contextmanager
     def writes_paused(self) -> Iterator[None]:

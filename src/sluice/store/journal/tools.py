@@ -18,7 +18,7 @@ from sluice.config import DEFAULT_DEDUP_WINDOW, StoreConfig
 from sluice.errors import CorruptionError, StoreError
 from sluice.store.api import WriteHandle
 from sluice.store.journal import format as fmt
-from sluice.store.journal.files import FileReader, file_path, list_files
+from sluice.store.journal.files import FileReader, file_path, free_bytes, list_files
 from sluice.store.journal.gc import GcResult
 from sluice.store.journal.index import (
     DIGESTED,
@@ -106,6 +106,7 @@ def verify(data_dir: Path, config: StoreConfig | None = None) -> VerifyReport:
         f"{fr.path}: {fr.records} records, {fr.data_bytes} bytes of data" for fr in report.files
     ]
     report.lines.append(f"index: {report.index_messages} messages")
+    report.lines.append(_disk_line(cfg, report))
     report.lines.extend(f"start: {line.strip()}" for line in report.start)
     report.lines.extend(report.problems)
     report.lines.append("OK" if report.ok else f"{len(report.problems)} problems")
@@ -174,6 +175,22 @@ def _verify_index(cfg: StoreConfig, report: VerifyReport) -> None:
     finally:
         reader.close()
         env.close()
+
+
+def _disk_line(cfg: StoreConfig, report: VerifyReport) -> str:
+    """The store's disk against its limits, as the broker counts them (`core/disk.py`)."""
+    mib = 1024 * 1024
+    journal = sum(Path(fr.path).stat().st_size for fr in report.files)
+    index = cfg.data_dir / "index" / "data.mdb"
+    held = journal + (index.stat().st_size if index.is_file() else 0)
+    free = free_bytes(cfg.data_dir)
+    reserve = cfg.disk_reserve_bytes
+    limit = f"store.max_bytes {cfg.max_bytes / mib:.1f} MiB" if cfg.max_bytes else "no max_bytes"
+    full = " (full: producers wait or are refused)" if free <= reserve else ""
+    return (
+        f"disk: the store holds {held / mib:.1f} MiB; {free / mib:.1f} MiB free on its "
+        f"filesystem, store.reserve_bytes {reserve / mib:.1f} MiB kept; {limit}{full}"
+    )
 
 
 def _verify_start(cfg: StoreConfig, report: VerifyReport) -> None:

@@ -10,10 +10,19 @@ index never gets ahead of durable journal data. GC and compaction run on this th
 
 The event-loop thread never waits for this thread's I/O: the lock is only held for queue and
 handle bookkeeping, never across a write, sync or index commit.
+
+Failures. A batch that needs the next data file has that file prepared before any of its bytes is
+written; when the disk has no room for it (`DiskFullError`), the batch's handles fail with that
+error and the store goes on: nothing was written, and it takes writes again once space is back.
+Any other failure to write or sync (EIO, a failed fsync, ENOSPC in the middle of a batch) fails
+the store: its data is never taken as safe, every later write fails, and a restart recovers from
+the journal. Every wait on this thread from another one is bounded, and ends when it stops.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import logging
 import os
 import threading
@@ -24,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.config import StoreConfig, SyncPolicy
-from sluice.errors import StoreError
+from sluice.errors import DiskFullError, StoreError
 from sluice.store.api import CompletionSink, StoreStats, WriteHandle, WriteState
 from sluice.store.journal import format as fmt
 from sluice.store.journal import gc
@@ -38,11 +47,22 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH_OPS = 4096
 MAX_BATCH_BYTES = 16 * 1024 * 1024
+# How long another thread waits for the writer: to run a request, to park, to stop.
+REQUEST_TIMEOUT_S = 300.0
+PAUSE_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 5.0
+
+
+class RequestKind(enum.Enum):
+    """What another thread asks the writer thread to run."""
+
+    CHECKPOINT = "checkpoint"
+    GC = "gc"
 
 
 @dataclass
 class _Request:
-    kind: str
+    kind: RequestKind
     done: threading.Event
     result: gc.GcResult | None = None
     error: BaseException | None = None
@@ -90,6 +110,10 @@ class Writer:
         self._paused = False
         self._parked = False
         self._closing = False
+        # The thread has ended: requests are refused, waits end.
+        self._ended = False
+        # A batch needs about one rollover at most, so it is never held up by two new files.
+        self._max_batch_bytes = min(MAX_BATCH_BYTES, max(head.file_bytes // 2, 1))
         now = time.monotonic()
         self._last_checkpoint = now
         self._last_sync = now
@@ -110,26 +134,44 @@ class Writer:
         self.stats.pending_write_bytes += op.nbytes
         self.cond.notify()
 
-    def request(self, kind: str) -> gc.GcResult | None:
-        """Run a checkpoint or GC on the writer thread and wait for it (not from the loop)."""
+    def request(
+        self, kind: RequestKind, timeout_s: float = REQUEST_TIMEOUT_S
+    ) -> gc.GcResult | None:
+        """Run a checkpoint or GC on the writer thread and wait for it (not from the loop).
+        Raises `StoreError` when the writer is stopping, stopped or failed, or does not answer
+        within `timeout_s`."""
         req = _Request(kind, threading.Event())
         with self.cond:
-            if not self._thread.is_alive():
+            if self._closing or self._ended or not self._thread.is_alive():
                 raise StoreError("the journal writer is not running")
+            if self.failed is not None:
+                raise StoreError("the journal store failed earlier") from self.failed
             self._requests.append(req)
             self.cond.notify()
-        req.done.wait()
+        if not req.done.wait(timeout_s):
+            with self.cond:
+                if req in self._requests:
+                    self._requests.remove(req)
+            if not req.done.is_set():
+                raise StoreError(f"the journal writer did not run a {kind.value} in {timeout_s} s")
         if req.error is not None:
             raise req.error
         return req.result
 
-    def pause(self) -> None:
-        """Hold the writer before its next batch; returns once it is parked."""
+    def pause(self, timeout_s: float = PAUSE_TIMEOUT_S) -> None:
+        """Hold the writer before its next batch; returns once it is parked (at once when it
+        failed or ended: it writes nothing more). Raises `StoreError` after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
         with self.cond:
             self._paused = True
             self.cond.notify_all()
-            while not self._parked and self._thread.is_alive():
-                self.cond.wait(0.05)
+            while not (self._parked or self._ended or self.failed is not None):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._paused = False
+                    self.cond.notify_all()
+                    raise StoreError(f"the journal writer did not pause within {timeout_s} s")
+                self.cond.wait(remaining)
 
     def resume(self) -> None:
         """Let a paused writer go on."""
@@ -137,19 +179,24 @@ class Writer:
             self._paused = False
             self.cond.notify_all()
 
-    def stop(self) -> None:
-        """Drain the queue, checkpoint, and end the thread."""
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+        """Drain the queue, checkpoint, and end the thread; False when it did not end within
+        `timeout_s` (it is left behind: the next start replays the journal)."""
         with self.cond:
             self._closing = True
             self._paused = False
             self.cond.notify_all()
-        self._thread.join()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.error("the journal writer did not stop within %.0f s; leaving it", timeout_s)
+            return False
+        return True
 
     # -- the thread --------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        self.state.index.begin_write()
         try:
+            self.state.index.begin_write()
             self._loop()
         except BaseException as exc:  # the thread's boundary: fail loudly, never silently stop
             log.exception("journal writer failed")
@@ -158,6 +205,13 @@ class Writer:
         finally:
             self.state.index.abort()
             self.reader.close()
+            with self.cond:
+                self._ended = True
+                requests, self._requests = self._requests, []
+                self.cond.notify_all()
+            for req in requests:
+                req.error = StoreError("the journal writer stopped")
+                req.done.set()
 
     def _loop(self) -> None:
         while True:
@@ -186,14 +240,22 @@ class Writer:
                 self._serve(req)
             if finishing:
                 if self.failed is None:
-                    self.checkpoint(write_marker=False)
+                    try:
+                        self.checkpoint(write_marker=False)
+                    except DiskFullError as exc:
+                        log.warning(
+                            "journal: last checkpoint not taken (%s); the next start replays "
+                            "the journal from the one before",
+                            exc,
+                        )
                 return
 
     def _take(self) -> list[Op]:
         batch: list[Op] = []
         nbytes = 0
         queue = self.queue
-        while queue and len(batch) < MAX_BATCH_OPS and (not batch or nbytes < MAX_BATCH_BYTES):
+        max_bytes = self._max_batch_bytes
+        while queue and len(batch) < MAX_BATCH_OPS and (not batch or nbytes < max_bytes):
             op = queue.popleft()
             batch.append(op)
             nbytes += op.nbytes
@@ -227,7 +289,12 @@ class Writer:
             self.state.updates >= cfg.index_write_batch
             or now - self._last_checkpoint >= cfg.checkpoint_interval_s
         ):
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except DiskFullError as exc:
+                # Nothing was written; the next turn tries again.
+                self._last_checkpoint = now
+                log.warning("journal checkpoint put off: %s", exc)
         if now - self._last_gc >= cfg.gc_interval_s:
             self._last_gc = now
             try:
@@ -240,7 +307,7 @@ class Writer:
         try:
             if self.failed is not None:
                 raise StoreError("the journal store failed earlier") from self.failed
-            if req.kind == "gc":
+            if req.kind is RequestKind.GC:
                 req.result = self.collect()
             else:
                 self.checkpoint()
@@ -268,6 +335,16 @@ class Writer:
             self.write(ops)
             if self.config.sync is SyncPolicy.ALWAYS and self.durable:
                 self._sync()
+        except DiskFullError as exc:
+            if _refusable(ops):
+                # Raised before anything of the batch was written, and every op's requester
+                # learns of it: these writes fail, the store does not.
+                self._refuse(ops, handles, exc)
+                return
+            log.error("journal: no space for records that cannot be refused: %s", exc)
+            self._set_failed(exc)
+            self._fail_ops(ops, handles, exc)
+            return
         except (OSError, StoreError) as exc:
             log.error("journal write failed; the store stops accepting writes: %s", exc)
             self._set_failed(exc)
@@ -296,32 +373,46 @@ class Writer:
     def write(self, ops: Sequence[Op]) -> None:
         """Append the ops' records, rolling over as needed; sets each op's location.
 
+        Where the records go is worked out first; when they need the next data file, it is
+        prepared before anything is written, so `DiskFullError` means nothing was written. A
+        failure after the first byte raises `StoreError` (the store must then fail).
+
         Locations are set once every record is in its file: until then readers take a record
         from its op's parts (a location set earlier would send them to bytes not yet written)."""
         head = self.head
-        buffers: list[bytes] = []
+        segments: list[list[bytes]] = [[]]
         placed: list[tuple[Op, tuple[int, int, int]]] = []
-        pos = head.offset
+        file_no, pos = head.file_no, head.offset
         for op in ops:
             assert op.parts is not None
             header, length = fmt.frame(op.rtype, op.parts)
             if pos + length > head.file_bytes and pos > fmt.FILE_HEADER_RECORD_BYTES:
-                if buffers:
-                    head.write(buffers)
-                    buffers = []
+                segments.append([])
+                file_no += 1
+                pos = fmt.FILE_HEADER_RECORD_BYTES
+            placed.append((op, (file_no, pos, length)))
+            segments[-1].append(header)
+            segments[-1].extend(op.parts)
+            pos += length
+        if len(segments) > 1:
+            head.prepare_next()
+        written = False
+        for i, buffers in enumerate(segments):
+            if i:
                 self.state.file_seen(head.file_no, head.offset)
-                head.rollover()
+                try:
+                    head.rollover()
+                except DiskFullError as exc:
+                    if not written:
+                        raise
+                    raise StoreError(f"journal rollover failed mid-batch: {exc}") from exc
                 self.state.file_seen(head.file_no, head.offset)
                 with self.lock:
                     self.stats.files += 1
                     self.stats.disk_bytes += head.file_bytes
-                pos = head.offset
-            placed.append((op, (head.file_no, pos, length)))
-            buffers.append(header)
-            buffers.extend(op.parts)
-            pos += length
-        if buffers:
-            head.write(buffers)
+            if buffers:
+                written = True
+                head.write(buffers)
         with self.lock:
             for op, location in placed:
                 op.location = location
@@ -358,6 +449,17 @@ class Writer:
             self.sink(handles)
         except Exception:  # the sink is the core's; its failure must not stop the journal
             log.exception("completion sink raised")
+
+    def _refuse(self, ops: Sequence[Op], handles: list[WriteHandle], exc: DiskFullError) -> None:
+        """Fail a batch that found no room, keeping the store; cursor moves go with a later one."""
+        with self.lock:
+            self.stats.no_space_errors += 1
+            for op in ops:
+                record = op.record
+                if isinstance(record, fmt.SubCursor):
+                    self.cursors.setdefault((record.client_id, record.name), record.cursor)
+        log.warning("journal: %d writes refused: %s", len(ops), exc)
+        self._fail_ops(ops, handles, exc)
 
     # -- failure -----------------------------------------------------------------------------------
 
@@ -401,9 +503,15 @@ class Writer:
     def checkpoint(self, *, write_marker: bool = True) -> None:
         """Commit the index with the journal complete (and synced) up to the head position."""
         head = self.head
-        seq_ops = [Op.of(record) for record in self.state.take_cancelled_seqs()]
+        seq_records = self.state.take_cancelled_seqs()
+        seq_ops = [Op.of(record) for record in seq_records]
         if seq_ops:
-            self.write(seq_ops)
+            try:
+                self.write(seq_ops)
+            except DiskFullError:
+                for record in seq_records:
+                    self.state.note_cancelled(record.destination, record.seq)
+                raise
             self._apply(seq_ops)
         position = (head.file_no, head.offset)
         if position == self._cp_position and not self.state.dirty:
@@ -420,42 +528,52 @@ class Writer:
         self._last_checkpoint = time.monotonic()
         if write_marker:
             # Informational (dump and audits); it sits at the checkpoint position, so replay
-            # reads it and nothing depends on it being durable.
+            # reads it and nothing depends on it being durable (nor on it being there at all,
+            # when the disk had no room for it).
             marker = Op.of(fmt.Checkpoint(position[0], position[1], int(time.time() * 1000)))
-            self.write([marker])
+            with contextlib.suppress(DiskFullError):
+                self.write([marker])
         self._cp_position = (head.file_no, head.offset)
 
     # -- collection --------------------------------------------------------------------------------
 
     def collect(self, *, compact: bool = True) -> GcResult:
-        """Checkpoint, compact what is worth it, then delete or archive what nothing needs."""
+        """Checkpoint, delete or archive what nothing needs, compact what is worth it, and
+        delete what compaction freed. Deleting comes first, so a disk too full for the copies
+        still gets the space back; compaction that finds no room is put off to the next round."""
         result = GcResult()
         self.checkpoint()
+        self._retire_unneeded(result)
         if compact:
             targets = gc.compaction_targets(
                 self.state, self.head.file_no, self.config.compaction_live_ratio
             )
             if targets:
                 ops = gc.copy_ops(self.state, self.reader, self.journal_dir, targets, result)
-                self.write_durable(ops)
-                self.checkpoint()
-                result.compacted = targets
-                result.moved_messages = sum(1 for op in ops if op.rtype == fmt.RecordType.ADD)
-                with self.lock:
-                    self.stats.compacted_files += len(targets)
-                    self.stats.damaged_records += result.damaged_records
-        retire = gc.deletable(self.state, self.head.file_no)
-        if retire:
-            archive = self.config.archive and self.durable
-            self.retire_files(retire, archive)
-            if archive:
-                result.archived = retire
-            else:
-                result.deleted = retire
-            self.checkpoint()
+                try:
+                    self.write_durable(ops)
+                except DiskFullError as exc:
+                    log.warning("journal compaction put off: %s", exc)
+                else:
+                    self.checkpoint()
+                    result.compacted = targets
+                    result.moved_messages = sum(1 for op in ops if op.rtype == fmt.RecordType.ADD)
+                    with self.lock:
+                        self.stats.compacted_files += len(targets)
+                        self.stats.damaged_records += result.damaged_records
+                    self._retire_unneeded(result)
         for line in result.lines():
             log.info("journal gc: %s", line)
         return result
+
+    def _retire_unneeded(self, result: GcResult) -> None:
+        retire = gc.deletable(self.state, self.head.file_no)
+        if not retire:
+            return
+        archive = self.config.archive and self.durable
+        self.retire_files(retire, archive)
+        (result.archived if archive else result.deleted).extend(retire)
+        self.checkpoint()
 
     def retire_files(self, file_nos: Sequence[int], archive: bool) -> None:
         """Delete data files, or move them to the archive, once nothing needs them: first the
@@ -488,3 +606,19 @@ class Writer:
                 self.stats.gc_archived_files += len(file_nos)
             else:
                 self.stats.gc_deleted_files += len(file_nos)
+
+
+def _refusable(ops: Sequence[Op]) -> bool:
+    """Whether every op may simply fail when there is no room: a message add or remove outside a
+    transaction, whose requester is told (a producer gets no RECEIPT; an unrecorded ack means a
+    redelivery), or a cursor move (written later). The others (transaction records, subscription
+    and destination records, dispatch marks) would leave the store inconsistent: their failure
+    fails the store, and a restart recovers from the journal."""
+    for op in ops:
+        record = op.record
+        if isinstance(record, fmt.AddMeta | fmt.Remove):
+            if record.txno:
+                return False
+        elif not isinstance(record, fmt.SubCursor):
+            return False
+    return True

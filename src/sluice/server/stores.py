@@ -1,0 +1,58 @@
+"""Opening the stores a configuration asks for: the application does this before it builds a
+`BrokerServer`, so the listener only listens (and tests hand it stores of their own)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sluice.config import Config, MiB, StoreKind
+from sluice.errors import StoreError
+from sluice.store.api import MessageStore
+from sluice.store.memory import MemoryStore
+
+
+def check_disk_space(config: Config) -> None:
+    """Refuse to start, in one line, when the disk cannot hold what opening the stores creates.
+
+    A new store needs its first data file, the next one prepared ahead, and the reserve; an
+    existing one needs nothing new (so a broker stopped on a full disk starts again, and its
+    consumers drain it). The temp store needs its first data file either way (its old files are
+    deleted when it opens)."""
+    from sluice.store.journal.files import free_bytes, list_files  # noqa: PLC0415
+
+    store = config.store
+    data_dir = store.data_dir
+    file_bytes = store.journal_file_bytes
+    temp_dir = data_dir / "tmp"
+    reclaimed = 0
+    if temp_dir.is_dir():
+        reclaimed = sum(path.stat().st_size for path in temp_dir.rglob("*") if path.is_file())
+    free = free_bytes(data_dir) + reclaimed
+    needed = file_bytes
+    what = f"the temp store's first data file of {file_bytes / MiB:.1f} MiB"
+    if not list_files(data_dir / "journal"):
+        reserve = store.disk_reserve_bytes
+        needed += 2 * file_bytes + reserve
+        what = (
+            f"3 data files of {file_bytes / MiB:.1f} MiB (a new journal, its next file, the temp "
+            f"store) and store.reserve_bytes={reserve / MiB:.1f} MiB"
+        )
+    if free < needed:
+        raise StoreError(
+            f"not enough disk space to start: {data_dir} has {free / MiB:.1f} MiB free, "
+            f"{needed / MiB:.1f} MiB needed ({what})"
+        )
+
+
+def open_stores(config: Config) -> tuple[MessageStore, MessageStore | None]:
+    """The store the configuration asks for, and the temp store non-persistent messages spool
+    to (only with the journal: with the memory store, a full memory pauses producers)."""
+    if config.store.kind is StoreKind.MEMORY:
+        return MemoryStore(), None
+    from sluice.store.journal.store import JournalStore  # noqa: PLC0415 - only when asked for
+
+    check_disk_space(config)
+
+    store = JournalStore(config.store, dedup_window=config.limits.dedup_window)
+    temp_config = dataclasses.replace(config.store, data_dir=config.store.data_dir / "tmp")
+    return store, JournalStore(temp_config, temporary=True)

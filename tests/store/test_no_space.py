@@ -1,0 +1,221 @@
+"""The journal store without disk space, and the writer's waits.
+
+Preparing a data file that finds no room is tried again later, never in a loop; a batch refused
+for lack of space fails its writes and keeps the store (when every one of them can simply fail),
+or fails the store (when it carries records that cannot); every cross-thread wait on the writer
+is bounded and ends when the writer stops or fails.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from sluice.errors import DiskFullError, StoreError
+from sluice.store.api import WriteState
+from sluice.store.journal import files
+from sluice.store.journal.files import Preallocator
+
+from .helpers import Harness, msg
+from .test_journal import journal, seqs
+
+Q = "/queue/room"
+BODY = b"x" * (100 * 1024)  # a dozen fill a 1 MiB data file
+
+
+def _no_space(*_args: object, **_kwargs: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_file_that_finds_no_room_is_tried_again_later_not_in_a_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attempts: list[float] = []
+
+    def create_file(*args: object, **kwargs: object) -> None:
+        attempts.append(time.monotonic())
+        _no_space()
+
+    monkeypatch.setattr(files, "create_file", create_file)
+    prealloc = Preallocator(tmp_path, b"s" * 16, 1 << 20)
+    prealloc.prepare(2)
+    started = time.monotonic()
+    time.sleep(1.5)
+    prealloc.stop()
+    assert time.monotonic() - started < 2.0  # stopping did not wait for anything
+    # Once at once, once after PREPARE_RETRY_S: a spinning helper made thousands.
+    assert 1 <= len(attempts) <= 3, len(attempts)
+    assert all(b - a >= files.PREPARE_RETRY_S * 0.9 for a, b in itertools.pairwise(attempts))
+    assert isinstance(prealloc.error, DiskFullError)
+    assert not prealloc.ready_for(2)
+    with pytest.raises(StoreError, match="closing"):
+        prealloc.ensure(2)
+
+
+def test_a_file_cut_short_by_a_full_disk_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.pwritev
+    calls = 0
+
+    def pwritev(fd: int, buffers: Sequence[bytes], offset: int) -> int:
+        nonlocal calls
+        calls += 1
+        if calls > 3:
+            _no_space()
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    path = tmp_path / "db-1.log"
+    with pytest.raises(OSError) as info:
+        files.create_file(path, 1, b"s" * 16, 8 << 20)
+    assert info.value.errno == errno.ENOSPC
+    assert not path.exists()
+
+
+def test_a_write_that_writes_nothing_raises_instead_of_spinning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "pwritev", lambda fd, buffers, offset: 0)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        with pytest.raises(OSError) as info:
+            files.write_all(fd, [b"abc"], 0)
+        assert info.value.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def _refuse_new_files(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
+    """A switch: while on, no data file can be made (as on a full disk)."""
+    refusing = {"on": True}
+    real = files.create_file
+
+    def create_file(*args: object, **kwargs: object) -> None:
+        if refusing["on"]:
+            _no_space()
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(files, "create_file", create_file)
+
+    def switch(on: bool) -> None:
+        refusing["on"] = on
+
+    return switch
+
+
+def _fill_head(h: Harness, first_seq: int) -> int:
+    """Add messages one by one while they fit in the head file; returns the next sequence."""
+    s = journal(h)
+    head = s.head_position[0]
+    seq = first_seq
+    while s.head_position[1] + 2 * len(BODY) < 1 << 20:
+        h.track(s.add(msg(Q, seq, BODY), None))
+        h.settle()
+        seq += 1
+    assert s.head_position[0] == head
+    return seq
+
+
+def test_a_batch_with_no_room_fails_its_writes_and_keeps_the_store(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = make_journal(gc_interval_s=3600)
+    refuse = _refuse_new_files(monkeypatch)  # no spare for the next file either
+    h.open()
+    s = journal(h)
+    seq = _fill_head(h, 1)
+    kept = list(range(1, seq))
+    head = s.head_position
+    # Two that need the next data file: refused, nothing of them written.
+    with s.writes_paused():
+        refused = [h.track(s.add(msg(Q, n, BODY), None)) for n in (seq, seq + 1)]
+    h.settle()
+    assert [x.state for x in refused] == [WriteState.FAILED] * 2
+    assert all(isinstance(x.error, DiskFullError) for x in refused)
+    assert s.head_position == head
+    stats = s.stats()
+    assert stats.no_space_errors == 1
+    assert stats.no_space
+    assert stats.write_errors == 0
+    assert seqs(s, Q) == kept
+    # What fits in the head file is still written (acks, small messages).
+    small = h.track(s.add(msg(Q, seq + 2), None))
+    removed = h.track(s.remove(Q, 1))
+    h.settle()
+    assert small.state is WriteState.WRITTEN
+    assert removed.state is WriteState.WRITTEN
+    kept = [*kept[1:], seq + 2]
+    # Space is back: the next batch rolls over and is written.
+    refuse(False)
+    later = [h.track(s.add(msg(Q, n, BODY), None)) for n in range(seq + 3, seq + 6)]
+    h.settle()
+    assert all(x.state is WriteState.WRITTEN for x in later)
+    assert s.head_position[0] == head[0] + 1
+    h.reopen()
+    assert seqs(journal(h), Q) == [*kept, *range(seq + 3, seq + 6)]
+
+
+def test_a_refused_batch_that_cannot_simply_fail_fails_the_store(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = make_journal(gc_interval_s=3600)
+    refuse = _refuse_new_files(monkeypatch)
+    h.open()
+    s = journal(h)
+    seq = _fill_head(h, 1)
+    # A transaction's records cannot simply fail: the store does, and a restart recovers.
+    with s.writes_paused():
+        s.begin("tx")
+        adds = [h.track(s.add(msg(Q, 0, BODY), None, "tx")) for _ in range(2)]
+    h.settle()
+    assert all(x.state is WriteState.FAILED for x in adds)
+    assert s.stats().write_errors == 1
+    refuse(False)
+    after = h.track(s.add(msg(Q, seq), None))
+    h.settle()
+    assert after.state is WriteState.FAILED  # a failed store takes nothing more
+    h.reopen()
+    assert seqs(journal(h), Q) == list(range(1, seq))
+
+
+def test_waits_on_a_failed_writer_end_at_once(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = make_journal()
+    h.open()
+    s = journal(h)
+    monkeypatch.setattr(os, "fdatasync", _no_space)
+    h.track(s.add(msg(Q, 1), None))
+    h.settle()
+    started = time.monotonic()
+    with s.writes_paused():  # used to poll for ever: a failed writer never parks
+        pass
+    with pytest.raises(StoreError, match="failed"):
+        s.checkpoint()
+    with pytest.raises(StoreError, match="failed"):
+        s.gc()
+    assert time.monotonic() - started < 1.0
+    s.close()
+    with pytest.raises(StoreError):
+        s.checkpoint()
+
+
+def test_a_request_to_a_stopping_writer_is_refused(make_journal: Callable[..., Harness]) -> None:
+    h = make_journal()
+    h.open()
+    s = journal(h)
+    writer = s._w
+    writer.stop()
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="not running"):
+        s.checkpoint()
+    with pytest.raises(StoreError, match="not running"):
+        s.gc()
+    assert time.monotonic() - started < 1.0
