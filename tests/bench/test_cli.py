@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from sluice.bench.cli import _clients_plan, parse_broker, split_count
 from sluice.bench.runner import split_processes
-from sluice.cli import build_parser
+from sluice.cli.bench import _clients_plan, parse_broker, split_count
+from sluice.cli.entry import build_parser
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -10,8 +10,14 @@ from typing import Any
 import pytest
 
 from sluice.bench.payload import MARKER_MAGIC, decode_body, encode_body, encode_marker
-from sluice.bench.roles import Consumer, ConsumerSpec, Producer, ProducerSpec, receipt_window
-from sluice.bench.wire import LinkError, StompLink
+from sluice.bench.roles import (
+    BenchConsumer,
+    BenchProducer,
+    ConsumerSpec,
+    ProducerSpec,
+    receipt_window,
+)
+from sluice.bench.stomplink import LinkError, StompLink
 from sluice.stomp import Command, Frame, FrameParser, StompLimits, Version, encode_frame
 
 
@@ -72,7 +78,7 @@ def _message(seq: int, ack: str, *, size: int = 64, producer: int = 0) -> bytes:
 async def test_producer_windows_carry_receipts_and_valid_bodies() -> None:
     link, transport = _link()
     spec = ProducerSpec(3, "/queue/q", 64, count=5, receipt_every=2, max_receipts=10)
-    producer = Producer(spec, link)
+    producer = BenchProducer(spec, link)
     task = asyncio.create_task(producer.run(0, 5, measured=True))
     await asyncio.sleep(0)
     frames = transport.frames()
@@ -94,7 +100,7 @@ async def test_producer_windows_carry_receipts_and_valid_bodies() -> None:
 async def test_persistent_is_only_ever_true() -> None:
     link, transport = _link()
     spec = ProducerSpec(0, "/queue/q", 64, count=1, persistent=True)
-    task = asyncio.create_task(Producer(spec, link).run(0, 1, measured=False))
+    task = asyncio.create_task(BenchProducer(spec, link).run(0, 1, measured=False))
     await asyncio.sleep(0)
     (frame,) = transport.frames()
     assert frame.headers["persistent"] == "true"
@@ -105,7 +111,7 @@ async def test_persistent_is_only_ever_true() -> None:
 async def test_producer_stops_at_max_receipts_until_answered() -> None:
     link, transport = _link()
     spec = ProducerSpec(0, "/queue/q", 64, count=10, receipt_every=1, max_receipts=2)
-    task = asyncio.create_task(Producer(spec, link).run(0, 10, measured=True))
+    task = asyncio.create_task(BenchProducer(spec, link).run(0, 10, measured=True))
     for _ in range(5):
         await asyncio.sleep(0)
     assert len(transport.frames()) == 2  # two windows out, none answered
@@ -124,7 +130,7 @@ async def test_producer_stops_at_max_receipts_until_answered() -> None:
 async def test_producer_fails_when_the_link_dies() -> None:
     link, _ = _link()
     spec = ProducerSpec(0, "/queue/q", 64, count=10, receipt_every=1, max_receipts=1)
-    task = asyncio.create_task(Producer(spec, link).run(0, 10, measured=True))
+    task = asyncio.create_task(BenchProducer(spec, link).run(0, 10, measured=True))
     await asyncio.sleep(0)
     link.data_received(encode_frame(Command.ERROR, {"message": "go away"}))
     with pytest.raises(LinkError, match="go away"):
@@ -134,7 +140,7 @@ async def test_producer_fails_when_the_link_dies() -> None:
 async def test_timetable_stamps_due_times() -> None:
     link, transport = _link()
     spec = ProducerSpec(0, "/queue/q", 64, count=4, rate_per_s=1000.0, receipt_every=2)
-    producer = Producer(spec, link)
+    producer = BenchProducer(spec, link)
     task = asyncio.create_task(producer.run(0, 4, measured=True))
     while len(transport.frames()) < 4:
         await asyncio.sleep(0.001)
@@ -152,7 +158,7 @@ async def test_timetable_stamps_due_times() -> None:
 async def test_the_window_is_used_as_given() -> None:
     link, transport = _link()
     spec = ProducerSpec(0, "/queue/q", 1024 * 1024, count=8, receipt_every=4, max_receipts=4)
-    producer = Producer(spec, link)
+    producer = BenchProducer(spec, link)
     assert producer.window == 4
     task = asyncio.create_task(producer.run(0, 8, measured=True))
     await asyncio.sleep(0)
@@ -173,7 +179,7 @@ def test_default_window_keeps_near_1_mib() -> None:
 
 async def test_end_marker_carries_a_receipt_and_is_counted_once() -> None:
     link, transport = _link()
-    producer = Producer(ProducerSpec(2, "/queue/q", 64, count=1), link)
+    producer = BenchProducer(ProducerSpec(2, "/queue/q", 64, count=1), link)
     task = asyncio.create_task(producer.mark())
     await asyncio.sleep(0)
     (frame,) = transport.frames()
@@ -196,10 +202,12 @@ async def test_end_marker_carries_a_receipt_and_is_counted_once() -> None:
     assert consumer.result()["markers"] == [0]
 
 
-def _consumer(ack: str, ack_every: int, version: Version = Version.V1_2) -> tuple[Consumer, Any]:
+def _consumer(
+    ack: str, ack_every: int, version: Version = Version.V1_2
+) -> tuple[BenchConsumer, Any]:
     link, transport = _link(version)
     spec = ConsumerSpec(0, "/queue/q", 64, per_producer=[10], ack=ack, ack_every=ack_every)
-    return Consumer(spec, link), transport
+    return BenchConsumer(spec, link), transport
 
 
 async def test_client_mode_acks_cumulatively_per_batch() -> None:
@@ -256,7 +264,7 @@ async def test_consumer_counts_duplicates_and_corrupt_bodies() -> None:
 async def test_warmup_messages_are_verified_but_not_timed() -> None:
     link, _ = _link()
     spec = ConsumerSpec(0, "/queue/q", 64, per_producer=[4], warmup=[2], ack="auto")
-    consumer = Consumer(spec, link)
+    consumer = BenchConsumer(spec, link)
     link.data_received(b"".join(_message(i, str(i)) for i in range(4)))
     assert consumer.unique == 4
     assert consumer.measured == 2

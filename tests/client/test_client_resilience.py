@@ -7,11 +7,11 @@ import asyncio
 import pytest
 
 from sluice.client import Client, ClientError, ClientState, ConnectionLost, Message
-from sluice.client.link import FLUSH_BYTES, WRITE_BUFFER_HIGH_BYTES, Link
+from sluice.client.link import FLUSH_BYTES, WRITE_BUFFER_HIGH_BYTES, ClientLink
 from sluice.stomp.frames import Command
 
 
-def _link(client: Client) -> Link:
+def _link(client: Client) -> ClientLink:
     link = client._connector.link
     assert link is not None
     return link

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import RunningBroker
 from sluice.client import BlockingClient, Client, StreamProgress, StreamState
-from sluice.client.pipeline import PendingReceipt
+from sluice.client.pipeline import PipelinedReceipt
 from sluice.errors import ClientError
 
 from .conftest import Q, payload, sha
@@ -122,7 +122,7 @@ async def test_window_bounds_unreceipted_chunks(
     peak = 0
     original = Client.send_pipelined
 
-    async def counting(self: Client, *args: Any, **kwargs: Any) -> PendingReceipt:
+    async def counting(self: Client, *args: Any, **kwargs: Any) -> PipelinedReceipt:
         nonlocal outstanding, peak
         pending = await original(self, *args, **kwargs)
         outstanding += 1

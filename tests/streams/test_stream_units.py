@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 
 import pytest
 
-from sluice.cli_getdir import MAX_NAME_BYTES, safe_name
-from sluice.cli_progress import Progress, format_bytes, format_duration
-from sluice.cli_transfer import _size
-from sluice.client.chunks import parse_chunk
+from sluice.cli.getdir import MAX_NAME_BYTES, safe_name
+from sluice.cli.progress import Progress, format_bytes, format_duration
+from sluice.cli.transfer import _size
 from sluice.client.message import Message
-from sluice.client.stream import _Rechunker
+from sluice.client.streams.chunker import _Rechunker
+from sluice.client.streams.chunks import parse_chunk
+from sluice.client.streams.options import StreamOptionFields, StreamOptions
+from sluice.errors import ClientError
 
 
 def _message(headers: dict[str, str]) -> Message:
@@ -107,3 +110,21 @@ def test_rechunker() -> None:
     assert out == [b"abcd", b"efgh"]
     assert cutter.rest() == b"ijk"
     assert cutter.rest() == b""
+
+
+def test_stream_options_are_checked_and_changed_by_keywords() -> None:
+    # The keyword arguments of send_stream are exactly the fields of StreamOptions.
+    assert set(StreamOptionFields.__annotations__) == {
+        field.name for field in dataclasses.fields(StreamOptions)
+    }
+    base = StreamOptions(chunk_size=10, stream_id="s")
+    assert StreamOptions.of(base, {"window": 2}) == StreamOptions(
+        chunk_size=10, stream_id="s", window=2
+    )
+    assert StreamOptions.of(None, {}) == StreamOptions()
+    with pytest.raises(ClientError, match="chunk_size"):
+        StreamOptions(chunk_size=0)
+    with pytest.raises(ClientError, match="window"):
+        StreamOptions.of(base, {"window": 0})
+    with pytest.raises(ClientError, match="x-stream-seq"):
+        StreamOptions(headers={"x-stream-seq": "1"})

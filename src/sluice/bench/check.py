@@ -19,11 +19,11 @@ import secrets
 import time
 from typing import Any
 
+from sluice.bench.channel import Channel
 from sluice.bench.payload import CHECK_PRODUCER, HEAD_STRUCT, MAGIC, MARKER_MAGIC, encode_marker
 from sluice.bench.payload import filler as make_filler
 from sluice.bench.stats import SeenTracker
-from sluice.bench.wire import LinkError, StompLink, open_link
-from sluice.bench.worker import Channel, address_of
+from sluice.bench.stomplink import BrokerTarget, LinkError, StompLink, open_link
 from sluice.stomp import Command, Frame
 
 __all__ = ["QueueCheck", "run_queue_check"]
@@ -39,7 +39,7 @@ class QueueCheck:
     """Drains one queue up to its own marker and records what came before it."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        self.address = address_of(spec)
+        self.address = BrokerTarget.from_spec(spec)
         self.destination = str(spec["destination"])
         self.size = int(spec["size"])
         self.persistent = bool(spec.get("persistent", False))

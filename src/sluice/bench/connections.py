@@ -14,15 +14,14 @@ memory per connection, and its CPU time while connecting and while holding.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
-from sluice.bench.payload import HEAD_STRUCT
+from sluice.bench.limits import raise_open_files_limit
 from sluice.bench.procstat import CpuMeter, read_rss_kib
 from sluice.bench.report import (
     cpu_report,
@@ -30,50 +29,87 @@ from sluice.bench.report import (
     format_latency,
     latency_summary,
     merge_histograms,
-    write_json,
 )
 from sluice.bench.runner import RunAborted, WorkerPool
-from sluice.bench.worker import raise_open_files_limit
 
-__all__ = ["add_connections_parser", "read_rss_kib", "run_connections"]
+__all__ = ["ConnectionsPlan", "format_connections", "run_connections"]
 
-_DEFAULT_MARKER_TIMEOUT_S = 30.0
+DEFAULT_MARKER_TIMEOUT_S = 30.0
 # How long workers may take to disconnect their share after sending their results.
 _DISCONNECT_GRACE_S = 60.0
 # Time for results beyond the markers and the grace period.
 _RESULT_SLACK_S = 15.0
-_SETUP_SLACK_S = 300.0
 _KIB = 1024
 
 
-def add_connections_parser(p: argparse.ArgumentParser) -> None:
-    """The options of `sluice bench connections` (the common ones are added by the caller)."""
-    p.add_argument("--connections", type=int, default=1000, metavar="N")
-    p.add_argument("--duration", type=float, default=30.0, metavar="S", help="hold time")
-    p.add_argument(
-        "--rate-per-connection",
-        type=float,
-        default=0.1,
-        metavar="R",
-        help="messages per second each connection sends to itself (0: none)",
-    )
-    p.add_argument("--size", type=int, default=128, help="body bytes (at least 32)")
-    p.add_argument("--per-process", type=int, default=2500, metavar="N", help="per worker")
-    p.add_argument(
-        "--connect-concurrency",
-        type=int,
-        default=100,
-        metavar="N",
-        help="handshakes in flight per worker",
-    )
-    p.add_argument(
-        "--marker-timeout",
-        type=float,
-        default=_DEFAULT_MARKER_TIMEOUT_S,
-        metavar="S",
-        help="how long to wait for every connection's end marker to come back "
-        "(default %(default)g)",
-    )
+@dataclass(frozen=True)
+class ConnectionsPlan:
+    """Everything a connections run needs, decided before it starts."""
+
+    # host, port, login, passcode, host_header: JSON-safe, as sent to the workers.
+    broker: dict[str, Any]
+    connections: int
+    processes: int
+    # Connection i uses `<destination_prefix>.<i>`.
+    destination_prefix: str
+    duration_s: float
+    rate_per_connection: float
+    size: int
+    connect_concurrency: int
+    connect_timeout_s: float
+    marker_timeout_s: float
+    drain_grace_s: float
+    timeout_s: float
+    broker_pid: int | None = None
+    uvloop: bool = True
+
+    @staticmethod
+    def processes_for(connections: int, per_process: int, processes: int | None) -> int:
+        """Worker processes: enough for `per_process` connections each, unless given."""
+        if processes is not None:
+            return max(1, min(processes, connections))
+        return math.ceil(connections / per_process)
+
+    def shares(self) -> list[int]:
+        """Connections per worker process, differing by at most one."""
+        share, extra = divmod(self.connections, self.processes)
+        return [share + (1 if i < extra else 0) for i in range(self.processes)]
+
+    def worker_spec(self) -> dict[str, Any]:
+        """What every worker is told (each also gets its `first` connection and `count`)."""
+        return {
+            "kind": "connections",
+            "broker": self.broker,
+            "destination_prefix": self.destination_prefix,
+            "size": self.size,
+            "rate_per_connection": self.rate_per_connection,
+            "connect_concurrency": self.connect_concurrency,
+            "connect_timeout_s": self.connect_timeout_s,
+            "marker_timeout_s": self.marker_timeout_s,
+            "drain_grace_s": self.drain_grace_s,
+            "uvloop": self.uvloop,
+        }
+
+
+class _Measured:
+    """What the coordinator measures around the workers: time, CPU and the broker's memory."""
+
+    def __init__(self, pool: WorkerPool, broker_pid: int | None) -> None:
+        self.pool = pool
+        self.broker_pid = broker_pid
+        self.rss_before = read_rss_kib(broker_pid) if broker_pid is not None else None
+        self.rss_established: int | None = None
+        self.rss_peak: int | None = None
+        self.connect_s = 0.0
+        self.connect_cpu = CpuMeter()
+        self.hold_cpu = CpuMeter()
+        self.reason: str | None = None
+        self.generator: dict[str, int] = {}
+
+    def pids(self) -> list[int]:
+        """The processes whose CPU time is read: the broker's, the workers' and our own."""
+        own = [*self.pool.pids().values(), os.getpid()]
+        return [self.broker_pid, *own] if self.broker_pid is not None else own
 
 
 def _merge_counts(items: list[dict[str, int]]) -> dict[str, int]:
@@ -114,135 +150,89 @@ def _hold(pool: WorkerPool, duration_s: float, broker_pid: int | None) -> int | 
     return peak
 
 
-def run_connections(args: argparse.Namespace) -> int:
-    """Run `sluice bench connections` and print its report; return the exit code."""
-    from sluice.bench.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, new_run_id  # noqa: PLC0415
+def _connect_and_hold(plan: ConnectionsPlan, measured: _Measured) -> None:
+    """Start the workers, wait until every connection is up, then hold them for the duration."""
+    pool = measured.pool
+    first = 0
+    started = time.monotonic()
+    measured.connect_cpu.start(measured.pids())
+    base = plan.worker_spec()
+    for i, share in enumerate(plan.shares()):
+        pool.start(f"connections-{i}", {**base, "first": first, "count": share})
+        first += share
+    pool.wait_for("connections", lambda: all("ready" in w.events for w in pool.workers))
+    measured.connect_cpu.stop(measured.pids())
+    measured.connect_s = time.monotonic() - started
+    if plan.broker_pid is not None:
+        measured.rss_established = read_rss_kib(plan.broker_pid)
+    measured.hold_cpu.start(measured.pids())
+    pool.broadcast("start")
+    measured.rss_peak = _hold(pool, plan.duration_s, plan.broker_pid)
+    measured.hold_cpu.stop(measured.pids())
 
-    if args.connections < 1 or args.per_process < 1 or args.size < HEAD_STRUCT.size:
-        print(
-            "sluice bench connections: --connections and --per-process must be positive and "
-            f"--size at least {HEAD_STRUCT.size}",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    raise_open_files_limit()
-    host, port = args.broker
-    run_id = new_run_id()
-    prefix = f"/queue/bench.conn.{run_id}"
-    processes = math.ceil(args.connections / args.per_process)
-    if args.processes is not None:
-        processes = max(1, min(args.processes, args.connections))
-    timeout_s = args.timeout or args.duration + _SETUP_SLACK_S
-    print(
-        f"sluice bench connections: {args.connections} connections to {host}:{port} in "
-        f"{processes} process(es), held {args.duration:g} s, "
-        f"{args.rate_per_connection:g} msg/s each to {prefix}.<i>",
-        flush=True,
-    )
-    pid = args.broker_pid
-    rss_before = read_rss_kib(pid) if pid is not None else None
-    pool = WorkerPool(time.monotonic() + timeout_s)
-    base = {
-        "kind": "connections",
-        "broker": {
-            "host": host,
-            "port": port,
-            "login": args.login,
-            "passcode": args.passcode,
-            "host_header": args.host_header,
-        },
-        "destination_prefix": prefix,
-        "size": args.size,
-        "rate_per_connection": args.rate_per_connection,
-        "connect_concurrency": args.connect_concurrency,
-        "connect_timeout_s": args.connect_timeout,
-        "marker_timeout_s": args.marker_timeout,
-        "drain_grace_s": args.drain_grace,
-        "uvloop": not args.no_uvloop,
-    }
-    shares = [
-        args.connections // processes + (1 if i < args.connections % processes else 0)
-        for i in range(processes)
-    ]
-    reason: str | None = None
-    rss_established = rss_peak = None
-    connect_s = 0.0
-    connect_cpu, hold_cpu = CpuMeter(), CpuMeter()
 
-    def pids() -> list[int]:
-        own = [*pool.pids().values(), os.getpid()]
-        return [pid, *own] if pid is not None else own
-
-    try:
-        first = 0
-        started = time.monotonic()
-        connect_cpu.start(pids())
-        for i, share in enumerate(shares):
-            pool.start(f"connections-{i}", {**base, "first": first, "count": share})
-            first += share
-        pool.wait_for("connections", lambda: all("ready" in w.events for w in pool.workers))
-        connect_cpu.stop(pids())
-        connect_s = time.monotonic() - started
-        if pid is not None:
-            rss_established = read_rss_kib(pid)
-        hold_cpu.start(pids())
-        pool.broadcast("start")
-        rss_peak = _hold(pool, args.duration, pid)
-        hold_cpu.stop(pids())
-    except RunAborted as exc:
-        reason = str(exc)
-    except KeyboardInterrupt:
-        reason = "interrupted"
-    finally:
-        generator = {**pool.pids(), "coordinator": os.getpid()}
-        pool.finish(
-            grace_s=args.marker_timeout + args.drain_grace + _RESULT_SLACK_S,
-            join_s=_DISCONNECT_GRACE_S,
-        )
+def _summary(plan: ConnectionsPlan, measured: _Measured) -> dict[str, Any]:
+    """What the workers and the coordinator measured, JSON-safe."""
+    pool = measured.pool
     results = [w.result for w in pool.workers if w.result is not None]
+
+    def total(key: str) -> int:
+        return sum(int(r.get(key, 0)) for r in results)
+
     summary: dict[str, Any] = {
         "scenario": "connections",
-        "connections": args.connections,
-        "processes": processes,
-        "connect_s": round(connect_s, 3),
-        "established": sum(int(r.get("established", 0)) for r in results),
-        "failed": sum(int(r.get("failed", 0)) for r in results),
+        "connections": plan.connections,
+        "processes": plan.processes,
+        "connect_s": round(measured.connect_s, 3),
+        "established": total("established"),
+        "failed": total("failed"),
         "connect_errors": _merge_counts([r.get("connect_errors", {}) for r in results]),
-        "held": sum(int(r.get("held", 0)) for r in results),
-        "lost": sum(int(r.get("lost", 0)) for r in results),
+        "held": total("held"),
+        "lost": total("lost"),
         "lost_reasons": _merge_counts([r.get("lost_reasons", {}) for r in results]),
-        "sent": sum(int(r.get("sent", 0)) for r in results),
-        "received": sum(int(r.get("received", 0)) for r in results),
-        "duplicates": sum(int(r.get("duplicates", 0)) for r in results),
-        "late_duplicates": sum(int(r.get("late_duplicates", 0)) for r in results),
-        "reordered": sum(int(r.get("reordered", 0)) for r in results),
-        "unexpected": sum(int(r.get("unexpected", 0)) for r in results),
-        "markers_missing": sum(int(r.get("markers_missing", 0)) for r in results),
-        "marker_timeout_s": args.marker_timeout,
-        "drain_grace_s": args.drain_grace,
+        "sent": total("sent"),
+        "received": total("received"),
+        "duplicates": total("duplicates"),
+        "late_duplicates": total("late_duplicates"),
+        "reordered": total("reordered"),
+        "unexpected": total("unexpected"),
+        "markers_missing": total("markers_missing"),
+        "marker_timeout_s": plan.marker_timeout_s,
+        "drain_grace_s": plan.drain_grace_s,
         "latency_ms": latency_summary(merge_histograms(r["latency"] for r in results)),
         "disconnect_s": _disconnect_s(pool),
         "errors": pool.errors(),
-        "reason": reason,
+        "reason": measured.reason,
     }
     summary["missing"] = summary["sent"] - summary["received"]
+    pid, generator = plan.broker_pid, measured.generator
     summary["cpu"] = {
-        "connect": cpu_report(connect_cpu, pid, generator, 0),
-        "measured": cpu_report(hold_cpu, pid, generator, summary["received"]),
+        "connect": cpu_report(measured.connect_cpu, pid, generator, 0),
+        "measured": cpu_report(measured.hold_cpu, pid, generator, summary["received"]),
     }
     if pid is not None:
-        summary["broker_rss_kib"] = {
-            "before": rss_before,
-            "established": rss_established,
-            "peak_during_hold": rss_peak,
-        }
-        if rss_before is not None and rss_established is not None and summary["established"]:
-            per = (rss_established - rss_before) * _KIB / summary["established"]
-            summary["broker_bytes_per_connection"] = round(per)
-    failures = [reason] if reason else []
-    failures += summary["errors"][:1] if not reason else []
-    if summary["established"] < args.connections:
-        failures.append(f"{summary['established']} of {args.connections} connections established")
+        _add_broker_memory(summary, measured)
+    return summary
+
+
+def _add_broker_memory(summary: dict[str, Any], measured: _Measured) -> None:
+    before, established = measured.rss_before, measured.rss_established
+    summary["broker_rss_kib"] = {
+        "before": before,
+        "established": established,
+        "peak_during_hold": measured.rss_peak,
+    }
+    if before is not None and established is not None and summary["established"]:
+        per = (established - before) * _KIB / summary["established"]
+        summary["broker_bytes_per_connection"] = round(per)
+
+
+def _failures(plan: ConnectionsPlan, summary: dict[str, Any]) -> list[str]:
+    """Why the run failed, if it did: each reason one short phrase."""
+    reason = summary["reason"]
+    failures = [reason] if reason else summary["errors"][:1]
+    if summary["established"] < plan.connections:
+        failures.append(f"{summary['established']} of {plan.connections} connections established")
     elif summary["held"] < summary["established"]:
         failures.append(f"{summary['established'] - summary['held']} connections lost while held")
     if summary["missing"] or summary["duplicates"] or summary["unexpected"]:
@@ -253,20 +243,33 @@ def run_connections(args: argparse.Namespace) -> int:
     if summary["markers_missing"]:
         failures.append(
             f"{summary['markers_missing']} end markers did not come back within "
-            f"{args.marker_timeout:g} s"
+            f"{plan.marker_timeout_s:g} s"
         )
+    return failures
+
+
+def run_connections(plan: ConnectionsPlan) -> dict[str, Any]:
+    """Run the connections scenario; return its summary (JSON-safe, `ok` and `failure` set)."""
+    raise_open_files_limit()
+    pool = WorkerPool(time.monotonic() + plan.timeout_s)
+    measured = _Measured(pool, plan.broker_pid)
+    try:
+        _connect_and_hold(plan, measured)
+    except RunAborted as exc:
+        measured.reason = str(exc)
+    except KeyboardInterrupt:
+        measured.reason = "interrupted"
+    finally:
+        measured.generator = {**pool.pids(), "coordinator": os.getpid()}
+        pool.finish(
+            grace_s=plan.marker_timeout_s + plan.drain_grace_s + _RESULT_SLACK_S,
+            join_s=_DISCONNECT_GRACE_S,
+        )
+    summary = _summary(plan, measured)
+    failures = _failures(plan, summary)
     summary["ok"] = not failures
     summary["failure"] = "; ".join(failures) if failures else None
-    for line in format_connections(summary):
-        print(line)
-    if args.json is not None:
-        from sluice.bench.cli import options_of  # noqa: PLC0415
-
-        write_json(args.json, "connections", options_of(args), summary)
-    if failures:
-        print(f"sluice bench connections: {summary['failure']}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
+    return summary
 
 
 def format_connections(summary: dict[str, Any]) -> list[str]:

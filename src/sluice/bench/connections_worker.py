@@ -19,10 +19,11 @@ import time
 from collections import Counter
 from typing import Any
 
+from sluice.bench.channel import Channel
+from sluice.bench.limits import raise_open_files_limit
 from sluice.bench.payload import HEAD_STRUCT, MAGIC, MARKER_MAGIC, filler
 from sluice.bench.stats import LatencyHistogram
-from sluice.bench.wire import BrokerAddress, LinkError, StompLink, open_link
-from sluice.bench.worker import Channel, address_of, raise_open_files_limit
+from sluice.bench.stomplink import BrokerTarget, LinkError, StompLink, open_link
 from sluice.stomp import Command, Frame, encode_headers
 
 __all__ = ["ConnectionsWorker"]
@@ -87,7 +88,7 @@ class ConnectionsWorker:
 
     def __init__(self, channel: Channel, spec: dict[str, Any]) -> None:
         self.channel = channel
-        self.address: BrokerAddress = address_of(spec)
+        self.address: BrokerTarget = BrokerTarget.from_spec(spec)
         self.first = int(spec["first"])
         self.count = int(spec["count"])
         self.prefix = str(spec["destination_prefix"])

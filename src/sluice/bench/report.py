@@ -156,6 +156,19 @@ def format_cpu(label: str, window: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _failures(outcome: ClientsOutcome, verification: Verification) -> list[str]:
+    """Why a run failed, if it did: the reason it was cut short or its first error, and what
+    the verification found (unless the run was cut short before anything arrived)."""
+    failures = []
+    if outcome.reason:
+        failures.append(outcome.reason)
+    elif outcome.errors:
+        failures.append(outcome.errors[0])
+    if not verification.ok and (verification.received or not outcome.reason):
+        failures.append(_verification_line(verification))
+    return failures
+
+
 def summarize_clients(
     scenario: str, plan: ClientsPlan, outcome: ClientsOutcome, size: int
 ) -> dict[str, Any]:
@@ -209,13 +222,7 @@ def summarize_clients(
     send_latency = merge_histograms(c["send_latency"] for c in outcome.consumers)
     if send_latency.total:
         results["send_latency_ms"] = latency_summary(send_latency)
-    failures = []
-    if outcome.reason:
-        failures.append(outcome.reason)
-    elif outcome.errors:
-        failures.append(outcome.errors[0])
-    if not verification.ok and (verification.received or not outcome.reason):
-        failures.append(_verification_line(verification))
+    failures = _failures(outcome, verification)
     results["ok"] = not failures
     results["failure"] = "; ".join(failures) if failures else None
     return results

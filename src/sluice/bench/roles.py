@@ -1,4 +1,4 @@
-"""Producer and consumer: what one bench connection does on the hot path.
+"""`BenchProducer` and `BenchConsumer`: what one bench connection does on the hot path.
 
 Producer flow control: a producer writes its messages in windows of `receipt_every` frames, the
 last frame of each window carrying a `receipt` header, and keeps at most `max_receipts` windows
@@ -21,7 +21,7 @@ and unlike `auto` it keeps the broker's per-consumer credit (`activemq.prefetchS
 `ack_every` stays at or below the prefetch (half of it by default) so credit never runs out while
 an ACK is on its way.
 
-After its last message a producer can send an end marker (`Producer.mark`, with a receipt); a
+After its last message a producer can send an end marker (`BenchProducer.mark`, with a receipt); a
 consumer records which producers' markers it received, so the run knows when nothing the broker
 holds is ahead of them (see `payload`).
 """
@@ -35,10 +35,10 @@ from typing import Any
 
 from sluice.bench.payload import HEAD_STRUCT, MAGIC, MARKER_MAGIC, encode_marker, filler
 from sluice.bench.stats import LatencyHistogram, SeenTracker
-from sluice.bench.wire import LinkError, StompLink
+from sluice.bench.stomplink import LinkError, StompLink
 from sluice.stomp import Command, Version, encode_headers, escape_value
 
-__all__ = ["Consumer", "ConsumerSpec", "Producer", "ProducerSpec", "receipt_window"]
+__all__ = ["BenchConsumer", "BenchProducer", "ConsumerSpec", "ProducerSpec", "receipt_window"]
 
 ACK_MODES = ("auto", "client", "client-individual")
 DEFAULT_RECEIPT_EVERY = 100
@@ -98,7 +98,7 @@ class ConsumerSpec:
         return asdict(self)
 
 
-class Producer:
+class BenchProducer:
     """Sends one producer's messages on one link, flow-controlled by receipts."""
 
     def __init__(self, spec: ProducerSpec, link: StompLink) -> None:
@@ -279,7 +279,7 @@ class Producer:
         }
 
 
-class Consumer:
+class BenchConsumer:
     """Receives, verifies and times messages on one link."""
 
     def __init__(self, spec: ConsumerSpec, link: StompLink) -> None:

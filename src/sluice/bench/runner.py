@@ -336,10 +336,100 @@ def _check_queues(plan: ClientsPlan) -> list[dict[str, Any]]:
     return checks
 
 
+def _start_workers(
+    pool: WorkerPool, plan: ClientsPlan, consumer_procs: int, producer_procs: int
+) -> tuple[list[WorkerProcess], list[WorkerProcess]]:
+    """Start the consumer workers, wait for their subscriptions, then the producer workers."""
+    consumer_workers = [
+        pool.start(
+            f"consumers-{i}",
+            {**_base_spec(plan, "clients"), "consumers": [c.to_dict() for c in group]},
+        )
+        for i, group in enumerate(_deal(plan.consumers, consumer_procs))
+    ]
+    pool.wait_for("subscriptions", lambda: all("ready" in w.events for w in consumer_workers))
+    producer_workers = [
+        pool.start(
+            f"producers-{i}",
+            {**_base_spec(plan, "clients"), "producers": [p.to_dict() for p in group]},
+        )
+        for i, group in enumerate(_deal(plan.producers, producer_procs))
+    ]
+    pool.wait_for("producers", lambda: all("ready" in w.events for w in producer_workers))
+    return consumer_workers, producer_workers
+
+
+def _unique(consumer_workers: list[WorkerProcess]) -> int:
+    """Distinct messages the consumers reported so far."""
+    return sum(int(w.last.get("progress", {}).get("unique", 0)) for w in consumer_workers)
+
+
+def _warm_up(
+    pool: WorkerPool,
+    plan: ClientsPlan,
+    producer_workers: list[WorkerProcess],
+    consumer_workers: list[WorkerProcess],
+) -> None:
+    """Send the unmeasured messages, if any, and wait until the consumers have them all."""
+    warm = plan.expected_unique(warmup_only=True)
+    if not warm:
+        return
+    pool.broadcast("warmup", producer_workers)
+    pool.wait_for(
+        "the warm-up",
+        lambda: (
+            all("warmed" in w.events for w in producer_workers)
+            and _unique(consumer_workers) >= warm
+        ),
+    )
+
+
+def _measure(
+    pool: WorkerPool,
+    plan: ClientsPlan,
+    outcome: ClientsOutcome,
+    producer_workers: list[WorkerProcess],
+    consumer_workers: list[WorkerProcess],
+) -> None:
+    """The measured load: until the consumers have every message, or stop making progress."""
+    expected = plan.expected_unique(warmup_only=False)
+    outcome.measured_cpu.start(_own_pids(pool, plan))
+    pool.broadcast("start", producer_workers)
+    progress = {"unique": _unique(consumer_workers), "at": time.monotonic()}
+
+    def finished() -> bool:
+        now = time.monotonic()
+        seen = _unique(consumer_workers)
+        if seen >= expected:
+            return True
+        if seen != progress["unique"]:
+            progress["unique"], progress["at"] = seen, now
+            return False
+        producers_done = all("sent" in w.events for w in producer_workers)
+        return producers_done and now - progress["at"] >= plan.idle_timeout_s
+
+    pool.wait_for("the consumers", finished)
+    outcome.measured_cpu.stop(_own_pids(pool, plan))
+    received = _unique(consumer_workers)
+    if received < expected:
+        outcome.reason = (
+            f"consumers received no new message for {plan.idle_timeout_s:g} s "
+            f"after the producers finished ({received} of {expected})"
+        )
+
+
+def _collect(pool: WorkerPool, outcome: ClientsOutcome) -> None:
+    """Gather what the workers sent back, and every error they reported."""
+    for worker in pool.workers:
+        if worker.result is not None:
+            outcome.producers += worker.result.get("producers", [])
+            outcome.consumers += worker.result.get("consumers", [])
+    outcome.errors = pool.errors()
+
+
 def run_clients(plan: ClientsPlan) -> ClientsOutcome:
     """Run producers and consumers in worker processes and return their results."""
-    deadline = time.monotonic() + plan.timeout_s
-    pool = WorkerPool(deadline)
+    pool = WorkerPool(time.monotonic() + plan.timeout_s)
     consumer_procs, producer_procs = split_processes(
         len(plan.producers), len(plan.consumers), plan.processes
     )
@@ -347,57 +437,10 @@ def run_clients(plan: ClientsPlan) -> ClientsOutcome:
     outcome.run_cpu.start(_own_pids(pool, plan))
     aborted = False
     try:
-        consumer_workers = [
-            pool.start(
-                f"consumers-{i}",
-                {**_base_spec(plan, "clients"), "consumers": [c.to_dict() for c in group]},
-            )
-            for i, group in enumerate(_deal(plan.consumers, consumer_procs))
-        ]
-        pool.wait_for("subscriptions", lambda: all("ready" in w.events for w in consumer_workers))
-        producer_workers = [
-            pool.start(
-                f"producers-{i}",
-                {**_base_spec(plan, "clients"), "producers": [p.to_dict() for p in group]},
-            )
-            for i, group in enumerate(_deal(plan.producers, producer_procs))
-        ]
-        pool.wait_for("producers", lambda: all("ready" in w.events for w in producer_workers))
-
-        def unique() -> int:
-            return sum(int(w.last.get("progress", {}).get("unique", 0)) for w in consumer_workers)
-
-        warm = plan.expected_unique(warmup_only=True)
-        if warm:
-            pool.broadcast("warmup", producer_workers)
-            pool.wait_for(
-                "the warm-up",
-                lambda: all("warmed" in w.events for w in producer_workers) and unique() >= warm,
-            )
-        expected = plan.expected_unique(warmup_only=False)
-        outcome.measured_cpu.start(_own_pids(pool, plan))
-        pool.broadcast("start", producer_workers)
-        progress = {"unique": unique(), "at": time.monotonic()}
-
-        def finished() -> bool:
-            now = time.monotonic()
-            seen = unique()
-            if seen >= expected:
-                return True
-            if seen != progress["unique"]:
-                progress["unique"], progress["at"] = seen, now
-                return False
-            producers_done = all("sent" in w.events for w in producer_workers)
-            return producers_done and now - progress["at"] >= plan.idle_timeout_s
-
-        pool.wait_for("the consumers", finished)
-        outcome.measured_cpu.stop(_own_pids(pool, plan))
-        if unique() < expected:
-            outcome.reason = (
-                f"consumers received no new message for {plan.idle_timeout_s:g} s "
-                f"after the producers finished ({unique()} of {expected})"
-            )
-        failure = _settle(pool, plan, producer_workers, consumer_workers)
+        consumers, producers = _start_workers(pool, plan, consumer_procs, producer_procs)
+        _warm_up(pool, plan, producers, consumers)
+        _measure(pool, plan, outcome, producers, consumers)
+        failure = _settle(pool, plan, producers, consumers)
         outcome.reason = outcome.reason or failure
     except RunAborted as exc:
         outcome.reason = str(exc)
@@ -410,11 +453,7 @@ def run_clients(plan: ClientsPlan) -> ClientsOutcome:
         outcome.run_cpu.stop(_own_pids(pool, plan))
         outcome.generator_pids = {**pool.pids(), "coordinator": os.getpid()}
         pool.finish()
-    for worker in pool.workers:
-        if worker.result is not None:
-            outcome.producers += worker.result.get("producers", [])
-            outcome.consumers += worker.result.get("consumers", [])
-    outcome.errors = pool.errors()
+    _collect(pool, outcome)
     if not aborted and not plan.every_consumer and not outcome.errors:
         try:
             outcome.checks = _check_queues(plan)

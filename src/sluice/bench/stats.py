@@ -319,6 +319,40 @@ def _missing_seqs(marks: bytes, limit: int) -> list[int]:
     return found
 
 
+def _count_group(
+    result: Verification,
+    group: list[SeenTracker],
+    per_producer: Sequence[int],
+    sent_counts: Sequence[int],
+    leftover: SeenTracker | None,
+) -> None:
+    """Add to `result` what `group` (consumers that share the messages) received, producer by
+    producer; `leftover` is a queue's emptiness check."""
+    for producer, count in enumerate(per_producer):
+        union = 0
+        for part in group:
+            # Each byte is 0 or 1, so the integer's bits stand for sequence numbers.
+            bits = int.from_bytes(part.seen[producer], "little")
+            result.duplicates += (union & bits).bit_count()
+            union |= bits
+        if leftover is not None:
+            found = int.from_bytes(leftover.seen[producer], "little")
+            late = (union & found).bit_count()
+            result.duplicates += late
+            result.late_duplicates += late
+            result.left_queued += (found & ~union).bit_count()
+        result.received += union.bit_count()
+        sent_count = sent_counts[producer]
+        result.unsent += count - sent_count
+        # Only the bytes of sequences that were sent: received is at most sent_count.
+        received = (union & ((1 << (8 * sent_count)) - 1)).bit_count()
+        if received < sent_count:
+            result.missing += sent_count - received
+            marks = union.to_bytes(count, "little")[:sent_count]
+            examples = result.missing_examples.setdefault(producer, [])
+            examples.extend(_missing_seqs(marks, _MAX_LISTED - len(examples)))
+
+
 def verify(
     trackers: Iterable[SeenTracker],
     per_producer: Sequence[int],
@@ -360,28 +394,7 @@ def verify(
     else:
         result.expected = sum(per_producer)
         groups = [parts]
+    queue_leftover = leftover if not every_consumer else None
     for group in groups:
-        for producer, count in enumerate(per_producer):
-            union = 0
-            for part in group:
-                # Each byte is 0 or 1, so the integer's bits stand for sequence numbers.
-                bits = int.from_bytes(part.seen[producer], "little")
-                result.duplicates += (union & bits).bit_count()
-                union |= bits
-            if leftover is not None and not every_consumer:
-                found = int.from_bytes(leftover.seen[producer], "little")
-                late = (union & found).bit_count()
-                result.duplicates += late
-                result.late_duplicates += late
-                result.left_queued += (found & ~union).bit_count()
-            result.received += union.bit_count()
-            sent_count = sent_counts[producer]
-            result.unsent += count - sent_count
-            # Only the bytes of sequences that were sent: received is at most sent_count.
-            received = (union & ((1 << (8 * sent_count)) - 1)).bit_count()
-            if received < sent_count:
-                result.missing += sent_count - received
-                marks = union.to_bytes(count, "little")[:sent_count]
-                examples = result.missing_examples.setdefault(producer, [])
-                examples.extend(_missing_seqs(marks, _MAX_LISTED - len(examples)))
+        _count_group(result, group, per_producer, sent_counts, queue_leftover)
     return result

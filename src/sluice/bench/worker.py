@@ -1,8 +1,8 @@
 """The worker process: runs a share of the producers and consumers on its own event loop.
 
 The coordinating process (`runner`) starts workers with multiprocessing's `spawn` context and talks
-to each over a pipe in JSON, one object per message; nothing received from the broker is ever
-unpickled. Commands go down (`warmup`, `start`, `mark`, `stop`), events come up:
+to each over a pipe (`channel`) in JSON, one object per message; nothing received from the broker
+is ever unpickled. Commands go down (`warmup`, `start`, `mark`, `stop`), events come up:
 
 - `ready`: every link is connected and every subscription confirmed by a receipt;
 - `progress`: distinct messages received so far by this worker's consumers, the producers whose
@@ -17,19 +17,21 @@ unpickled. Commands go down (`warmup`, `start`, `mark`, `stop`), events come up:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import resource
 import signal
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from sluice.bench.roles import Consumer, ConsumerSpec, Producer, ProducerSpec
-from sluice.bench.wire import BrokerAddress, LinkError, StompLink, open_link
+from sluice.bench.channel import Channel
+from sluice.bench.check import run_queue_check
+from sluice.bench.connections_worker import ConnectionsWorker
+from sluice.bench.limits import raise_open_files_limit
+from sluice.bench.roles import BenchConsumer, BenchProducer, ConsumerSpec, ProducerSpec
+from sluice.bench.stomplink import BrokerTarget, LinkError, StompLink, open_link
 
-__all__ = ["Channel", "address_of", "raise_open_files_limit", "run_worker", "worker_main"]
+__all__ = ["run_worker", "worker_main"]
 
 log = logging.getLogger(__name__)
 
@@ -38,72 +40,17 @@ _PROGRESS_EVERY_TICKS = 5
 _DISCONNECT_TIMEOUT_S = 5.0
 
 
-def raise_open_files_limit() -> int:
-    """Raise the RLIMIT_NOFILE soft limit to the hard limit; return the new soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-class Channel:
-    """The worker's end of the pipe: JSON objects both ways, read without blocking the loop."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(conn.fileno(), self._readable)
-
-    def _readable(self) -> None:
-        try:
-            while self.conn.poll():
-                self._inbox.put_nowait(json.loads(self.conn.recv_bytes()))
-        except (EOFError, OSError):
-            # The coordinator is gone: behave as if told to stop.
-            asyncio.get_running_loop().remove_reader(self.conn.fileno())
-            self._inbox.put_nowait({"cmd": "stop", "reason": "coordinator went away"})
-
-    def send(self, message: dict[str, Any]) -> None:
-        """Send one JSON object to the coordinator (ignored if it has gone)."""
-        with contextlib.suppress(OSError, ValueError):
-            self.conn.send_bytes(json.dumps(message).encode())
-
-    async def receive(self) -> dict[str, Any]:
-        """The next command from the coordinator."""
-        return await self._inbox.get()
-
-    def close(self) -> None:
-        """Stop watching the pipe."""
-        with contextlib.suppress(OSError, ValueError):
-            asyncio.get_running_loop().remove_reader(self.conn.fileno())
-
-
-def address_of(spec: dict[str, Any]) -> BrokerAddress:
-    """The broker address of a worker's spec."""
-    broker = spec["broker"]
-    return BrokerAddress(
-        host=broker["host"],
-        port=int(broker["port"]),
-        login=broker.get("login"),
-        passcode=broker.get("passcode"),
-        host_header=broker.get("host_header", "/"),
-    )
-
-
 class _ClientsWorker:
     """Producers and consumers of the throughput, sync and latency scenarios."""
 
     def __init__(self, channel: Channel, spec: dict[str, Any]) -> None:
         self.channel = channel
-        self.address = address_of(spec)
+        self.address = BrokerTarget.from_spec(spec)
         self.connect_timeout_s = float(spec.get("connect_timeout_s", 10.0))
         self.producer_specs = [ProducerSpec(**p) for p in spec.get("producers", [])]
         self.consumer_specs = [ConsumerSpec(**c) for c in spec.get("consumers", [])]
-        self.producers: list[Producer] = []
-        self.consumers: list[Consumer] = []
+        self.producers: list[BenchProducer] = []
+        self.consumers: list[BenchConsumer] = []
         self.errors: list[str] = []
         self._phase: asyncio.Task[None] | None = None
         self._reported: set[int] = set()
@@ -113,20 +60,20 @@ class _ClientsWorker:
         self.channel.send({"event": "error", "reason": reason})
 
     async def _open(self) -> None:
-        async def consumer(spec: ConsumerSpec) -> Consumer:
+        async def consumer(spec: ConsumerSpec) -> BenchConsumer:
             link = await open_link(
                 self.address, f"consumer {spec.consumer_id}", self.connect_timeout_s
             )
-            consumer = Consumer(spec, link)
+            consumer = BenchConsumer(spec, link)
             self.consumers.append(consumer)
             await consumer.subscribe(self.connect_timeout_s)
             return consumer
 
-        async def producer(spec: ProducerSpec) -> Producer:
+        async def producer(spec: ProducerSpec) -> BenchProducer:
             link = await open_link(
                 self.address, f"producer {spec.producer_id}", self.connect_timeout_s
             )
-            producer = Producer(spec, link)
+            producer = BenchProducer(spec, link)
             self.producers.append(producer)
             return producer
 
@@ -135,7 +82,7 @@ class _ClientsWorker:
         await asyncio.gather(*jobs)
 
     async def _produce(self, warmup: bool, done_event: str) -> None:
-        def span(p: Producer) -> tuple[int, int]:
+        def span(p: BenchProducer) -> tuple[int, int]:
             w = p.spec.warmup
             return (0, w) if warmup else (w, w + p.spec.count)
 
@@ -237,12 +184,8 @@ async def run_worker(conn: Connection, spec: dict[str, Any]) -> None:
     channel = Channel(conn)
     try:
         if spec["kind"] == "connections":
-            from sluice.bench.connections_worker import ConnectionsWorker  # noqa: PLC0415
-
             await ConnectionsWorker(channel, spec).run()
         elif spec["kind"] == "check":
-            from sluice.bench.check import run_queue_check  # noqa: PLC0415
-
             await run_queue_check(channel, spec)
         else:
             await _ClientsWorker(channel, spec).run()

@@ -2,7 +2,7 @@
 
 Both speak STOMP 1.0, 1.1 and 1.2 to Sluice and to other brokers (ActiveMQ, RabbitMQ), on the
 sans-IO connection of `sluice.stomp`. Both send and read streams of chunks (`send_stream`,
-`stream_reader`; see docs/streams.md).
+`stream_reader`; see `sluice.client.streams` and docs/streams.md).
 """
 
 from __future__ import annotations
@@ -18,20 +18,25 @@ from sluice.client.errors import (
     StreamError,
     StreamOutOfOrder,
 )
-from sluice.client.inbound import InboundStream, StreamState
 from sluice.client.message import AckMode, Message
 from sluice.client.options import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, ClientOptions
 from sluice.client.state import ClientState
-from sluice.client.stream import (
+from sluice.client.streams import (
     DEFAULT_CHUNK_BYTES,
+    DEFAULT_STREAM_PREFETCH_BYTES,
+    BlockingInboundStream,
+    BlockingStreamReader,
+    GapPolicy,
+    InboundStream,
     SentStream,
+    StreamOptions,
     StreamProgress,
+    StreamReader,
     StreamResume,
+    StreamState,
     hash_prefix,
 )
-from sluice.client.stream_blocking import BlockingInboundStream, BlockingStreamReader
-from sluice.client.stream_reader import DEFAULT_STREAM_PREFETCH_BYTES, GapPolicy, StreamReader
-from sluice.client.subscription import MessageCallback, Subscription
+from sluice.client.subscription import ClientSubscription, MessageCallback
 from sluice.errors import BrokerErrorFrame, ClientError
 
 __all__ = [
@@ -50,6 +55,7 @@ __all__ = [
     "ClientError",
     "ClientOptions",
     "ClientState",
+    "ClientSubscription",
     "ConnectionLost",
     "GapPolicy",
     "InboundStream",
@@ -60,12 +66,12 @@ __all__ = [
     "StreamAborted",
     "StreamCorrupted",
     "StreamError",
+    "StreamOptions",
     "StreamOutOfOrder",
     "StreamProgress",
     "StreamReader",
     "StreamResume",
     "StreamState",
-    "Subscription",
     "hash_prefix",
     "parse_brokers",
 ]

@@ -19,9 +19,7 @@ for their receipt.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import secrets
@@ -31,8 +29,8 @@ from types import TracebackType
 from sluice.client.address import BrokerAddress, parse_brokers
 from sluice.client.connector import Connector
 from sluice.client.errors import ConnectionLost
-from sluice.client.link import Link
-from sluice.client.message import AckMode, Message, message_from_frame
+from sluice.client.link import ClientLink
+from sluice.client.message import AckMode, Message
 from sluice.client.options import (
     DEFAULT_BROKERS,
     DEFAULT_MAX_PENDING_RECEIPTS,
@@ -40,12 +38,13 @@ from sluice.client.options import (
     DEFAULT_MAX_QUEUED_BYTES,
     ClientOptions,
 )
-from sluice.client.pipeline import PendingReceipt
+from sluice.client.pipeline import PipelinedReceipt
+from sluice.client.routing import SubscriptionRegistry
 from sluice.client.slots import Slots
 from sluice.client.state import ClientState
-from sluice.client.stream_api import StreamMethods
-from sluice.client.subscription import MessageCallback, Subscription
-from sluice.errors import BrokerErrorFrame, ClientError
+from sluice.client.streams.methods import StreamMethods
+from sluice.client.subscription import ClientSubscription, MessageCallback
+from sluice.errors import ClientError
 from sluice.stomp.codec import StompLimits
 from sluice.stomp.frames import Command, Frame, Version
 
@@ -65,8 +64,7 @@ class Client(StreamMethods):
     def __init__(self, brokers: Sequence[BrokerAddress], options: ClientOptions) -> None:
         self.options = options
         self._connector = Connector(self, brokers, options)
-        self._subscriptions: dict[str, Subscription] = {}
-        self._full: set[str] = set()
+        self._registry = SubscriptionRegistry()
         self._transactions: dict[str, int] = {}
         self._ids = itertools.count(1)
         self._token = secrets.token_hex(4)
@@ -162,104 +160,58 @@ class Client(StreamMethods):
         return self._connector.epoch
 
     @property
-    def subscriptions(self) -> Mapping[str, Subscription]:
+    def subscriptions(self) -> Mapping[str, ClientSubscription]:
         """Active subscriptions by id."""
-        return dict(self._subscriptions)
+        return self._registry.snapshot()
 
     # ConnectorOwner.
 
-    def route_message(self, link: Link, frame: Frame) -> None:
+    def route_message(self, link: ClientLink, frame: Frame) -> None:
         """Put a MESSAGE in its subscription's buffer."""
-        sub_id = frame.headers.get("subscription")
-        subscription = self._subscriptions.get(sub_id) if sub_id is not None else None
-        if subscription is None and sub_id is None:
-            # STOMP 1.0 brokers may omit it: match on the destination when that is unambiguous.
-            destination = frame.headers.get("destination")
-            matches = [s for s in self._subscriptions.values() if s.destination == destination]
-            if len(matches) == 1:
-                subscription = matches[0]
-        if subscription is None:
-            logger.debug("%s: MESSAGE for unknown subscription %r dropped", link.label, sub_id)
-            return
-        message = message_from_frame(frame, link.version, link.epoch, subscription.id)
-        if not subscription.deliver(message):
-            logger.debug(
-                "%s: MESSAGE for closing subscription %s dropped", link.label, subscription.id
-            )
+        self._registry.route(link, frame)
 
-    def restore(self, link: Link) -> None:
-        """Re-send every SUBSCRIBE on a new link, without waiting for the receipts.
+    def restore(self, link: ClientLink) -> None:
+        """Re-send every SUBSCRIBE on a new link (see `SubscriptionRegistry.restore`)."""
+        self._registry.restore(link)
 
-        The broker handles frames in order, so whatever is sent after these finds the
-        subscriptions in place. An ERROR about one of them ends that subscription alone.
-        """
-        for subscription in list(self._subscriptions.values()):
-            _, future = link.send_with_receipt(Command.SUBSCRIBE, dict(subscription.headers))
-            future.add_done_callback(functools.partial(self._restored, subscription))
-        if self._subscriptions:
-            logger.info("%s: %d subscriptions restored", link.label, len(self._subscriptions))
-
-    def _restored(self, subscription: Subscription, future: asyncio.Future[None]) -> None:
-        if future.cancelled():
-            return
-        error = future.exception()
-        if isinstance(error, BrokerErrorFrame):
-            logger.warning(
-                "broker refused to restore subscription %s to %s: %s",
-                subscription.id,
-                subscription.destination,
-                error.message,
-            )
-            if self._subscriptions.get(subscription.id) is subscription:
-                del self._subscriptions[subscription.id]
-            subscription.close(error)
-
-    def connection_ended(self, link: Link) -> None:
+    def connection_ended(self, link: ClientLink) -> None:
         """Forget the lost connection's transactions and unacknowledged messages."""
         self._transactions.clear()
-        for subscription in self._subscriptions.values():
-            dropped = subscription.discard_epoch(link.epoch)
-            if dropped:
-                logger.info(
-                    "subscription %s: %d unacknowledged messages dropped, the broker redelivers",
-                    subscription.id,
-                    dropped,
-                )
+        self._registry.discard_epoch(link.epoch)
 
     def failed(self, error: ClientError) -> None:
         """The client will not reconnect: subscriptions end with `error`."""
-        for subscription in self._subscriptions.values():
-            subscription.close(error)
+        self._registry.close_all(error)
 
     def deliveries_blocked(self) -> bool:
         """Whether a subscription buffer is full (the link then pauses reading)."""
-        return bool(self._full)
+        return self._registry.blocked
 
     # SubscriptionOwner.
 
-    def subscription_full(self, subscription: Subscription) -> None:
+    def subscription_full(self, subscription: ClientSubscription) -> None:
         """A subscription buffer reached its bound."""
-        self._full.add(subscription.id)
+        self._registry.mark_full(subscription)
 
-    def subscription_drained(self, subscription: Subscription) -> None:
+    def subscription_drained(self, subscription: ClientSubscription) -> None:
         """A subscription buffer went below its low mark."""
-        self._full.discard(subscription.id)
         link = self._connector.link
-        if not self._full and link is not None:
+        if self._registry.mark_drained(subscription) and link is not None:
             link.resume_deliveries()
 
     # Operations.
 
-    def _check_transaction(self, transaction: str, link: Link) -> None:
-        epoch = self._transactions.get(transaction)
-        if epoch != link.epoch:
+    def _check_transaction(self, transaction: str, link: ClientLink | None) -> ClientLink:
+        """`link`, if `transaction` is open on it; else `ClientError` (and it is forgotten)."""
+        if link is None or self._transactions.get(transaction) != link.epoch:
             self._transactions.pop(transaction, None)
             raise ClientError(
                 f"transaction {transaction!r} is not open: already committed or aborted, "
                 "or aborted by the broker when its connection was lost"
             )
+        return link
 
-    async def _writable_link(self, timeout_s: float, link: Link | None) -> Link:
+    async def _writable_link(self, timeout_s: float, link: ClientLink | None) -> ClientLink:
         """`link`, or the live link, once its write buffer has room.
 
         Without a given link, a connection that drops meanwhile is waited out: nothing was
@@ -284,7 +236,7 @@ class Client(StreamMethods):
         receipt: bool,
         what: str,
         transaction: str | None = None,
-        link: Link | None = None,
+        link: ClientLink | None = None,
     ) -> None:
         """Send one frame on the live link (or on `link`), waiting for its receipt if asked.
 
@@ -327,9 +279,7 @@ class Client(StreamMethods):
         is full; many may be pipelined.
         """
         data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-        frame_headers = dict(headers) if headers else {}
-        frame_headers.pop("receipt", None)
-        frame_headers["destination"] = destination
+        frame_headers = _own_headers(headers, destination=destination)
         if persistent:
             frame_headers["persistent"] = "true"
         if content_type is not None:
@@ -352,7 +302,7 @@ class Client(StreamMethods):
         persistent: bool = False,
         transaction: str | None = None,
         epoch: int | None = None,
-    ) -> PendingReceipt:
+    ) -> PipelinedReceipt:
         """Write a SEND with a receipt and return without waiting for the RECEIPT.
 
         Waits only for a receipt slot and for room in the write buffer. With `epoch`, the frame
@@ -360,9 +310,7 @@ class Client(StreamMethods):
         frames never continues on a new connection after a gap. Call `wait()` or `cancel()` on
         the result, so that a failure is always seen.
         """
-        frame_headers = dict(headers) if headers else {}
-        frame_headers.pop("receipt", None)
-        frame_headers["destination"] = destination
+        frame_headers = _own_headers(headers, destination=destination)
         if persistent:
             frame_headers["persistent"] = "true"
         if transaction is not None:
@@ -379,7 +327,7 @@ class Client(StreamMethods):
         except BaseException:
             self._receipt_slots.release()
             raise
-        return PendingReceipt(
+        return PipelinedReceipt(
             link, receipt_id, future, self._receipt_slots, timeout_s, f"SEND to {destination}"
         )
 
@@ -396,7 +344,7 @@ class Client(StreamMethods):
         id: str | None = None,
         max_queued: int = DEFAULT_MAX_QUEUED,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
-    ) -> Subscription:
+    ) -> ClientSubscription:
         """Subscribe to `destination` and wait for the broker's receipt.
 
         `ack` is `auto`, `client` or `client-individual`. `prefetch` is the broker's credit in
@@ -408,18 +356,14 @@ class Client(StreamMethods):
         """
         mode = AckMode(ack)
         sub_id = id if id is not None else f"sub-{next(self._ids)}"
-        frame_headers = dict(headers) if headers else {}
-        frame_headers.pop("receipt", None)
-        frame_headers["destination"] = destination
-        frame_headers["id"] = sub_id
-        frame_headers["ack"] = mode.value
+        frame_headers = _own_headers(headers, destination=destination, id=sub_id, ack=mode.value)
         if prefetch is not None:
             frame_headers["activemq.prefetchSize"] = str(prefetch)
         if prefetch_bytes is not None:
             frame_headers["x-prefetch-bytes"] = str(prefetch_bytes)
         if selector is not None:
             frame_headers["selector"] = selector
-        subscription = Subscription(
+        subscription = ClientSubscription(
             self,
             id=sub_id,
             destination=destination,
@@ -429,16 +373,29 @@ class Client(StreamMethods):
             max_queued=max_queued,
             max_queued_bytes=max_queued_bytes,
         )
-        timeout_s = self.options.receipt_timeout_s
-        link = await self._writable_link(timeout_s, None)
-        if sub_id in self._subscriptions:
-            raise ClientError(f"subscription id {sub_id!r} is already in use")
+        link = await self._writable_link(self.options.receipt_timeout_s, None)
         # Registered before SUBSCRIBE goes out: messages may come before the receipt.
-        self._subscriptions[sub_id] = subscription
+        self._registry.add(subscription)
         subscription.start_dispatch()
+        await self._confirm_subscription(subscription, link)
+        return subscription
+
+    async def _confirm_subscription(
+        self, subscription: ClientSubscription, link: ClientLink
+    ) -> None:
+        """Send the SUBSCRIBE of a registered subscription and wait for its receipt.
+
+        A connection lost meanwhile is waited out when reconnecting (the new connection restores
+        the subscription); any other failure drops the subscription and raises.
+        """
+        timeout_s = self.options.receipt_timeout_s
         try:
-            receipt_id, future = link.send_with_receipt(Command.SUBSCRIBE, dict(frame_headers))
-            await link.wait_receipt(receipt_id, future, timeout_s, f"SUBSCRIBE to {destination}")
+            receipt_id, future = link.send_with_receipt(
+                Command.SUBSCRIBE, dict(subscription.headers)
+            )
+            await link.wait_receipt(
+                receipt_id, future, timeout_s, f"SUBSCRIBE to {subscription.destination}"
+            )
         except ConnectionLost:
             if not self.options.reconnect:
                 await self._drop_subscription(subscription, None)
@@ -455,22 +412,21 @@ class Client(StreamMethods):
             error = exc if isinstance(exc, ClientError) else None
             await self._drop_subscription(subscription, error)
             raise
-        return subscription
 
     async def _drop_subscription(
-        self, subscription: Subscription, error: ClientError | None
+        self, subscription: ClientSubscription, error: ClientError | None
     ) -> None:
-        if self._subscriptions.get(subscription.id) is subscription:
-            del self._subscriptions[subscription.id]
+        self._registry.remove(subscription)
         subscription.close(error)
         await subscription.stop_dispatch(cancel=True)
 
-    async def unsubscribe(self, subscription: Subscription, headers: Mapping[str, str]) -> None:
-        """End `subscription` (prefer `Subscription.unsubscribe`)."""
-        if self._subscriptions.get(subscription.id) is not subscription:
+    async def unsubscribe(
+        self, subscription: ClientSubscription, headers: Mapping[str, str]
+    ) -> None:
+        """End `subscription` (prefer `ClientSubscription.unsubscribe`)."""
+        if not self._registry.remove(subscription):
             subscription.close()
             return
-        del self._subscriptions[subscription.id]
         subscription.close()
         try:
             link = self._connector.current_link()
@@ -518,7 +474,7 @@ class Client(StreamMethods):
                 f"cannot {command.value} message {message.message_id}: the connection that "
                 "delivered it is gone and the broker redelivers it"
             )
-        subscription = self._subscriptions.get(message.subscription)
+        subscription = self._registry.get(message.subscription)
         if subscription is not None and subscription.ack is AckMode.AUTO:
             raise ClientError(
                 f"subscription {subscription.id} uses ack=auto: there is nothing to {command}"
@@ -574,13 +530,7 @@ class Client(StreamMethods):
             logger.debug("transaction %s ended with its connection", transaction)
 
     async def _end_transaction(self, command: Command, transaction: str) -> None:
-        link = self._connector.current_link()
-        if link is None or self._transactions.get(transaction) != link.epoch:
-            self._transactions.pop(transaction, None)
-            raise ClientError(
-                f"transaction {transaction!r} is not open: already committed or aborted, "
-                "or aborted by the broker when its connection was lost"
-            )
+        link = self._check_transaction(transaction, self._connector.current_link())
         try:
             await self._request(
                 command,
@@ -621,8 +571,7 @@ class Client(StreamMethods):
             return
         try:
             await connector.close()
-            subscriptions = list(self._subscriptions.values())
-            self._subscriptions.clear()
+            subscriptions = self._registry.take_all()
             for subscription in subscriptions:
                 subscription.close()
             for subscription in subscriptions:
@@ -631,3 +580,11 @@ class Client(StreamMethods):
             self._transactions.clear()
             connector.closed()
             logger.debug("client closed")
+
+
+def _own_headers(headers: Mapping[str, str] | None, **own: str) -> dict[str, str]:
+    """A frame's headers: the caller's without `receipt` (the client sets that), then `own`."""
+    frame_headers = dict(headers) if headers else {}
+    frame_headers.pop("receipt", None)
+    frame_headers.update(own)
+    return frame_headers

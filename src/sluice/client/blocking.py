@@ -16,22 +16,17 @@ import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from sluice.client.aio import Client
 from sluice.client.message import AckMode, Message
 from sluice.client.options import DEFAULT_BROKERS, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES
-from sluice.client.stream import (
-    DEFAULT_CHUNK_BYTES,
-    DEFAULT_STREAM_WINDOW,
-    SentStream,
-    StreamProgress,
-    StreamResume,
-    StreamSource,
-)
-from sluice.client.stream_blocking import BlockingStreamReader
-from sluice.client.stream_reader import DEFAULT_STREAM_PREFETCH_BYTES, GapPolicy
-from sluice.client.subscription import MessageCallback, Subscription
+from sluice.client.streams.blocking import BlockingStreamReader
+from sluice.client.streams.chunker import StreamSource
+from sluice.client.streams.options import StreamOptionFields, StreamOptions
+from sluice.client.streams.reader import DEFAULT_STREAM_PREFETCH_BYTES, GapPolicy
+from sluice.client.streams.send import SentStream
+from sluice.client.subscription import ClientSubscription, MessageCallback
 from sluice.errors import ClientError
 
 __all__ = ["BlockingClient", "BlockingSubscription"]
@@ -90,9 +85,9 @@ class _LoopThread:
 
 
 class BlockingSubscription:
-    """A `Subscription` read from a plain thread: `receive(timeout)` or iteration."""
+    """A `ClientSubscription` read from a plain thread: `receive(timeout)` or iteration."""
 
-    def __init__(self, subscription: Subscription, runner: _LoopThread) -> None:
+    def __init__(self, subscription: ClientSubscription, runner: _LoopThread) -> None:
         self.aio = subscription
         self._runner = runner
 
@@ -255,30 +250,12 @@ class BlockingClient:
         self,
         destination: str,
         source: StreamSource,
-        *,
-        chunk_size: int = DEFAULT_CHUNK_BYTES,
-        transactional: bool = False,
-        stream_id: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        window: int = DEFAULT_STREAM_WINDOW,
-        resume: StreamResume | None = None,
-        on_progress: Callable[[StreamProgress], None] | None = None,
+        options: StreamOptions | None = None,
+        **changes: Unpack[StreamOptionFields],
     ) -> SentStream:
         """See `Client.send_stream`. The source is read, and `on_progress` called, on the
         client's loop thread."""
-        return self._run(
-            self.aio.send_stream(
-                destination,
-                source,
-                chunk_size=chunk_size,
-                transactional=transactional,
-                stream_id=stream_id,
-                headers=headers,
-                window=window,
-                resume=resume,
-                on_progress=on_progress,
-            )
-        )
+        return self._run(self.aio.send_stream(destination, source, options, **changes))
 
     def stream_reader(
         self,

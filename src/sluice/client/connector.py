@@ -1,4 +1,4 @@
-"""Dialling, failover and reconnection: the client's current `Link` and its state.
+"""Dialling, failover and reconnection: the client's current `ClientLink` and its state.
 
 `Connector` tries the brokers in order until one completes the STOMP handshake. When the link
 drops and reconnecting is on, one task dials again: the first round at once, then rounds spaced by
@@ -18,7 +18,7 @@ from typing import Protocol
 
 from sluice.client.address import BrokerAddress, backoff_delay_s
 from sluice.client.errors import ConnectionLost
-from sluice.client.link import Link
+from sluice.client.link import ClientLink
 from sluice.client.options import ClientOptions
 from sluice.client.state import ClientState
 from sluice.errors import BrokerErrorFrame, ClientError
@@ -35,13 +35,13 @@ CLOSE_TIMEOUT_S = 5.0
 class ConnectorOwner(Protocol):
     """What the connector tells the client about its connections."""
 
-    def route_message(self, link: Link, frame: Frame) -> None:
+    def route_message(self, link: ClientLink, frame: Frame) -> None:
         """A MESSAGE arrived on the current link."""
 
-    def restore(self, link: Link) -> None:
+    def restore(self, link: ClientLink) -> None:
         """A new link is up (after a drop): put subscriptions back on it, without waiting."""
 
-    def connection_ended(self, link: Link) -> None:
+    def connection_ended(self, link: ClientLink) -> None:
         """The current link is gone: what belonged to it (transactions, unacked messages) too."""
 
     def failed(self, error: ClientError) -> None:
@@ -63,7 +63,7 @@ class Connector:
         self._versions = options.versions()
         self._state = ClientState.CONNECTING
         self._ready = asyncio.Event()
-        self._link: Link | None = None
+        self._link: ClientLink | None = None
         self._epoch = 0
         self._failure: ClientError | None = None
         self._reconnect_task: asyncio.Task[None] | None = None
@@ -75,7 +75,7 @@ class Connector:
         return self._state
 
     @property
-    def link(self) -> Link | None:
+    def link(self) -> ClientLink | None:
         """The current link, if any (usable or not)."""
         return self._link
 
@@ -93,7 +93,7 @@ class Connector:
 
     # Dialling.
 
-    async def _open(self, address: BrokerAddress) -> Link:
+    async def _open(self, address: BrokerAddress) -> ClientLink:
         """Dial one broker and complete the STOMP handshake."""
         loop = asyncio.get_running_loop()
         options = self.options
@@ -101,8 +101,8 @@ class Connector:
         epoch = self._epoch + 1
         label = f"{address}#{epoch}"
 
-        def make_link() -> Link:
-            return Link(
+        def make_link() -> ClientLink:
+            return ClientLink(
                 self,
                 epoch=epoch,
                 label=label,
@@ -150,7 +150,7 @@ class Connector:
         )
         return link
 
-    async def _open_any(self) -> Link:
+    async def _open_any(self) -> ClientLink:
         """Try each broker in order; raise `BrokerErrorFrame` at once, else all the failures."""
         failures: list[str] = []
         for address in self.brokers:
@@ -237,12 +237,12 @@ class Connector:
 
     # LinkOwner.
 
-    def link_message(self, link: Link, frame: Frame) -> None:
+    def link_message(self, link: ClientLink, frame: Frame) -> None:
         """A MESSAGE frame: the owner's, unless it comes from a link no longer current."""
         if link is self._link:
             self._owner.route_message(link, frame)
 
-    def link_lost(self, link: Link, error: ClientError) -> None:
+    def link_lost(self, link: ClientLink, error: ClientError) -> None:
         """A connection ended: reconnect, fail, or nothing while closing."""
         if link is not self._link:
             return
@@ -266,7 +266,7 @@ class Connector:
 
     # Waiting for a connection.
 
-    async def live_link(self, timeout_s: float) -> Link:
+    async def live_link(self, timeout_s: float) -> ClientLink:
         """The usable link, waiting at most `timeout_s` for a reconnect to finish."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -292,7 +292,7 @@ class Connector:
                     f"not connected to a broker (still {self._state.value} after {timeout_s:g} s)"
                 ) from None
 
-    def current_link(self) -> Link | None:
+    def current_link(self) -> ClientLink | None:
         """The link if connected now, else None (no waiting)."""
         link = self._link
         if self._state is ClientState.CONNECTED and link is not None:

@@ -1,8 +1,8 @@
 """One TCP connection to one broker: an asyncio protocol around a client `StompConnection`.
 
-A `Link` owns the transport and the STOMP state machine of a single connection, and nothing that
-outlives it: the receipts it is waiting for, its write batch, its heart-beat timer and its flow
-control. The `Connector` makes a new link for every (re)connection and is told, through
+A `ClientLink` owns the transport and the STOMP state machine of a single connection, and nothing
+that outlives it: the receipts it is waiting for, its write batch, its heart-beat timer and its
+flow control. The `Connector` makes a new link for every (re)connection and is told, through
 `LinkOwner`, about each MESSAGE and about the link's end.
 
 Writes are batched: frames are appended to a list that is written once per loop turn (or at once
@@ -30,7 +30,13 @@ from sluice.stomp.codec import StompLimits
 from sluice.stomp.connection import ConnState, Negotiated, Role, StompConnection
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
 
-__all__ = ["FLUSH_BYTES", "WRITE_BUFFER_HIGH_BYTES", "WRITE_BUFFER_LOW_BYTES", "Link", "LinkOwner"]
+__all__ = [
+    "FLUSH_BYTES",
+    "WRITE_BUFFER_HIGH_BYTES",
+    "WRITE_BUFFER_LOW_BYTES",
+    "ClientLink",
+    "LinkOwner",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +52,10 @@ _MIN_TIMER_S = 0.01
 class LinkOwner(Protocol):
     """What a link tells the client it belongs to."""
 
-    def link_message(self, link: Link, frame: Frame) -> None:
+    def link_message(self, link: ClientLink, frame: Frame) -> None:
         """A MESSAGE frame arrived."""
 
-    def link_lost(self, link: Link, error: ClientError) -> None:
+    def link_lost(self, link: ClientLink, error: ClientError) -> None:
         """The transport is gone; `error` says why."""
 
     def deliveries_blocked(self) -> bool:
@@ -62,7 +68,7 @@ def _retrieve(future: asyncio.Future[Negotiated]) -> None:
         future.exception()
 
 
-class Link(asyncio.Protocol):
+class ClientLink(asyncio.Protocol):
     """One connection to one broker. Made by `loop.create_connection`; see the module docstring."""
 
     def __init__(

@@ -18,7 +18,7 @@ __all__ = [
 ]
 
 DEFAULT_BROKERS = f"{DEFAULT_STOMP_HOST}:{DEFAULT_STOMP_PORT}"
-# A subscription's buffer bounds (see `Subscription`).
+# A subscription's buffer bounds (see `ClientSubscription`).
 DEFAULT_MAX_QUEUED = 1000
 DEFAULT_MAX_QUEUED_BYTES = 64 * MiB
 # Receipted frames in flight at once; the broker's own default cap is the same number.

@@ -1,4 +1,4 @@
-"""`PendingReceipt`: the RECEIPT of a frame already written, awaited later.
+"""`PipelinedReceipt`: the RECEIPT of a frame already written, awaited later.
 
 `Client.send_pipelined` writes a SEND and returns at once with one of these, so that a caller can
 keep a bounded window of frames on the wire (streams do) without a task per frame. Each one holds
@@ -11,20 +11,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from sluice.client.link import Link
+from sluice.client.link import ClientLink
 from sluice.client.slots import Slots
 
-__all__ = ["PendingReceipt"]
+__all__ = ["PipelinedReceipt"]
 
 
-class PendingReceipt:
+class PipelinedReceipt:
     """A frame written on `link` whose RECEIPT has not been waited for yet."""
 
     __slots__ = ("_future", "_link", "_receipt_id", "_released", "_slots", "_timeout_s", "what")
 
     def __init__(
         self,
-        link: Link,
+        link: ClientLink,
         receipt_id: str,
         future: asyncio.Future[None],
         slots: Slots,
@@ -56,7 +56,7 @@ class PendingReceipt:
         future = self._future
         return future.done() and not future.cancelled() and future.exception() is None
 
-    def add_done_callback(self, callback: Callable[[PendingReceipt], None]) -> None:
+    def add_done_callback(self, callback: Callable[[PipelinedReceipt], None]) -> None:
         """Call `callback(self)` once the RECEIPT (or the failure) has come."""
         self._future.add_done_callback(lambda _: callback(self))
 

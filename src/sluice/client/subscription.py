@@ -21,7 +21,7 @@ from sluice.client.errors import ConnectionLost
 from sluice.client.message import AckMode, Message
 from sluice.errors import ClientError
 
-__all__ = ["MessageCallback", "Subscription", "SubscriptionOwner"]
+__all__ = ["ClientSubscription", "MessageCallback", "SubscriptionOwner"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,17 +31,19 @@ MessageCallback = Callable[[Message], Awaitable[None] | None]
 class SubscriptionOwner(Protocol):
     """The client side of a subscription."""
 
-    def subscription_full(self, subscription: Subscription) -> None:
+    def subscription_full(self, subscription: ClientSubscription) -> None:
         """The buffer reached a bound: stop handing over frames."""
 
-    def subscription_drained(self, subscription: Subscription) -> None:
+    def subscription_drained(self, subscription: ClientSubscription) -> None:
         """The buffer is back below its low mark."""
 
-    async def unsubscribe(self, subscription: Subscription, headers: Mapping[str, str]) -> None:
+    async def unsubscribe(
+        self, subscription: ClientSubscription, headers: Mapping[str, str]
+    ) -> None:
         """Send UNSUBSCRIBE and forget the subscription."""
 
 
-class Subscription:
+class ClientSubscription:
     """A subscription to one destination, made by `Client.subscribe`.
 
     Without a callback, read it with `async for message in subscription` (which ends after
@@ -85,7 +87,7 @@ class Subscription:
         self._task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
-        return f"<Subscription {self.id} {self.destination} ack={self.ack.value}>"
+        return f"<ClientSubscription {self.id} {self.destination} ack={self.ack.value}>"
 
     @property
     def queued(self) -> int:
@@ -124,7 +126,7 @@ class Subscription:
             raise ClientError(f"subscription {self.id} delivers to its callback")
         return await self._next(timeout)
 
-    def __aiter__(self) -> Subscription:
+    def __aiter__(self) -> ClientSubscription:
         if self.callback is not None:
             raise ClientError(f"subscription {self.id} delivers to its callback")
         return self

@@ -10,7 +10,16 @@ from sluice.store.journal.overlay import Cleanup
 class Op:
     """One pending record (or, with `rtype` 0, only a handle to complete)."""
 
-    __slots__ = ("cleanup", "handle", "location", "nbytes", "parts", "record", "rtype")
+    __slots__ = (
+        "cleanup",
+        "handle",
+        "location",
+        "nbytes",
+        "parts",
+        "record",
+        "replaced",
+        "rtype",
+    )
 
     def __init__(
         self,
@@ -27,6 +36,9 @@ class Op:
         self.handle = handle
         self.location: tuple[int, int, int] | None = None
         self.cleanup = cleanup
+        # A remove's: the overlay entry it hid (an add the index has not committed yet), put
+        # back if the remove is never written.
+        self.replaced: Op | None = None
 
     @classmethod
     def of(cls, record: fmt.Record, handle: WriteHandle | None = None) -> Op:

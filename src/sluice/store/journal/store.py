@@ -255,6 +255,8 @@ class JournalStore:
                 self._stats.cancelled_writes += 1
                 writer.submit(Op(0, None, None, handle))
                 return handle
+            if isinstance(entry, Op):
+                op.replaced = entry
             self._overlay.put(destination, seq, None)
             writer.submit(op)
         return handle

@@ -491,6 +491,19 @@ class Writer:
                     handle.state = WriteState.FAILED
                     handle.error = error
             self.overlay.drop([op.cleanup for op in ops if op.cleanup is not None])
+            for op in ops:
+                # A remove that was not written hides its message no longer.
+                replaced = op.replaced
+                if (
+                    replaced is not None
+                    and replaced.handle is not None
+                    and replaced.handle.state is WriteState.WRITTEN
+                    and isinstance(op.record, fmt.Remove)
+                ):
+                    destination, seq = op.record.destination, op.record.seq
+                    entries = self.overlay.entries.get(destination)
+                    if entries is None or seq not in entries:
+                        self.overlay.put(destination, seq, replaced)
         self._deliver(handles)
 
     def _drain_failed(self) -> None:

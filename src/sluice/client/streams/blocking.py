@@ -2,7 +2,7 @@
 
 They wrap `StreamReader` and `InboundStream` and run each call on the blocking client's loop
 thread, so `with client.stream_reader(dest) as reader: for stream in reader: stream.read(n)`
-works as the asyncio version does (see `sluice.client.stream_reader`).
+works as the asyncio version does (see `sluice.client.streams.reader`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
-from sluice.client.inbound import InboundStream, StreamState
-from sluice.client.stream_reader import StreamReader
+from sluice.client.streams.inbound import InboundStream, StreamState
+from sluice.client.streams.reader import StreamReader
 from sluice.errors import ClientError
 
 __all__ = ["BlockingInboundStream", "BlockingStreamReader"]

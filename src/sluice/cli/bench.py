@@ -1,4 +1,4 @@
-"""The `sluice bench` subcommand: argument parsing, running a scenario, printing its report.
+"""`sluice bench`: its arguments, the plan they make for `sluice.bench`, the report it prints.
 
     sluice bench throughput --producers P --consumers C --size BYTES --count N [--persistent]
     sluice bench sync --producers P --size BYTES --count N [--persistent]
@@ -8,8 +8,8 @@
 Every scenario takes `--broker HOST:PORT --login --passcode --host-header` (the CONNECT `host`
 header, RabbitMQ's virtual host), `--json FILE`, `--warmup N`, `--timeout S`, `--processes`,
 `--drain-grace S` and `--broker-pid PID` (to read the broker's CPU time and memory from /proc).
-Exit codes: 0 when the run completed and every message arrived exactly once, 1 otherwise (with a
-one-line reason on stderr), 2 for a usage error.
+Exit codes (`ExitCode`): 0 when the run completed and every message arrived exactly once, 1
+otherwise (with a one-line reason on stderr), 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -22,21 +22,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sluice.bench.payload import HEAD_BYTES
+from sluice.bench.connections import (
+    DEFAULT_MARKER_TIMEOUT_S,
+    ConnectionsPlan,
+    format_connections,
+    run_connections,
+)
+from sluice.bench.payload import HEAD_BYTES, HEAD_STRUCT
 from sluice.bench.report import format_clients, summarize_clients, write_json
 from sluice.bench.roles import ACK_MODES, ConsumerSpec, ProducerSpec, receipt_window
 from sluice.bench.runner import ClientsPlan, run_clients
+from sluice.cli.common import DEFAULT_BROKER, Runner
+from sluice.cli.exitcodes import ExitCode
 
-__all__ = ["add_bench_parser", "parse_broker", "run_bench", "split_count"]
+__all__ = ["add_parsers", "parse_broker", "run_bench", "split_count"]
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-
-DEFAULT_BROKER = "127.0.0.1:61613"
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SIZE_BYTES = 1024
 DEFAULT_DRAIN_GRACE_S = 1.0
+# A connections run without --timeout ends this long after its hold time.
+_CONNECTIONS_SETUP_SLACK_S = 300.0
 _MAX_PORT = 65535
 
 
@@ -226,9 +231,9 @@ def _flow(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_bench_parser(subparsers: Any) -> None:
-    """Add `bench` and its scenarios to the `sluice` command's subparsers."""
-    bench = subparsers.add_parser(
+def add_parsers(sub: Any) -> dict[str, Runner]:
+    """Add `bench` and its scenarios to the subcommand parsers; return its runner by name."""
+    bench = sub.add_parser(
         "bench",
         help="load-test a STOMP broker",
         description="Load-test any STOMP 1.2 broker; every message is verified to arrive once.",
@@ -255,11 +260,40 @@ def add_bench_parser(subparsers: Any) -> None:
     _flow(lat)
     _common(lat)
 
-    from sluice.bench.connections import add_connections_parser  # noqa: PLC0415
-
     c = scenarios.add_parser("connections", help="many connections held open at a low rate")
-    add_connections_parser(c)
+    _connections_args(c)
     _common(c)
+    return {"bench": run_bench}
+
+
+def _connections_args(p: argparse.ArgumentParser) -> None:
+    """The options of `sluice bench connections` (the common ones are added by the caller)."""
+    p.add_argument("--connections", type=int, default=1000, metavar="N")
+    p.add_argument("--duration", type=float, default=30.0, metavar="S", help="hold time")
+    p.add_argument(
+        "--rate-per-connection",
+        type=float,
+        default=0.1,
+        metavar="R",
+        help="messages per second each connection sends to itself (0: none)",
+    )
+    p.add_argument("--size", type=int, default=128, help="body bytes (at least 32)")
+    p.add_argument("--per-process", type=int, default=2500, metavar="N", help="per worker")
+    p.add_argument(
+        "--connect-concurrency",
+        type=int,
+        default=100,
+        metavar="N",
+        help="handshakes in flight per worker",
+    )
+    p.add_argument(
+        "--marker-timeout",
+        type=float,
+        default=DEFAULT_MARKER_TIMEOUT_S,
+        metavar="S",
+        help="how long to wait for every connection's end marker to come back "
+        "(default %(default)g)",
+    )
 
 
 def new_run_id() -> str:
@@ -278,9 +312,15 @@ def _broker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _flow_control(args: argparse.Namespace) -> tuple[int, int]:
+    """Messages per receipt and unanswered windows: one and one for `sync`."""
+    if args.scenario == "sync":
+        return 1, 1
+    return receipt_window(args.size, args.receipt_every), args.max_receipts
+
+
 def _clients_plan(args: argparse.Namespace, destination: str) -> ClientsPlan:
-    scenario = args.scenario
-    if scenario == "latency":
+    if args.scenario == "latency":
         producers, consumers = 1, 1
         count = max(1, round(args.rate * args.duration))
         rate = args.rate
@@ -288,11 +328,7 @@ def _clients_plan(args: argparse.Namespace, destination: str) -> ClientsPlan:
         producers, consumers = args.producers, args.consumers
         count = args.count
         rate = 0.0
-    if scenario == "sync":
-        receipt_every, max_receipts = 1, 1
-    else:
-        receipt_every = receipt_window(args.size, args.receipt_every)
-        max_receipts = args.max_receipts
+    receipt_every, max_receipts = _flow_control(args)
     counts = split_count(count, producers)
     warmups = split_count(args.warmup, producers)
     send_headers = dict(args.send_header)
@@ -382,14 +418,59 @@ def _run_clients(args: argparse.Namespace) -> int:
         write_json(args.json, args.scenario, options_of(args), results)
     if not results["ok"]:
         print(f"sluice bench {args.scenario}: {results['failure']}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
+        return ExitCode.FAILURE
+    return ExitCode.OK
+
+
+def _connections_plan(args: argparse.Namespace) -> ConnectionsPlan:
+    processes = ConnectionsPlan.processes_for(args.connections, args.per_process, args.processes)
+    return ConnectionsPlan(
+        broker=_broker(args),
+        connections=args.connections,
+        processes=processes,
+        destination_prefix=f"/queue/bench.conn.{new_run_id()}",
+        duration_s=args.duration,
+        rate_per_connection=args.rate_per_connection,
+        size=args.size,
+        connect_concurrency=args.connect_concurrency,
+        connect_timeout_s=args.connect_timeout,
+        marker_timeout_s=args.marker_timeout,
+        drain_grace_s=args.drain_grace,
+        timeout_s=args.timeout or args.duration + _CONNECTIONS_SETUP_SLACK_S,
+        broker_pid=args.broker_pid,
+        uvloop=not args.no_uvloop,
+    )
+
+
+def _run_connections(args: argparse.Namespace) -> int:
+    if args.connections < 1 or args.per_process < 1 or args.size < HEAD_STRUCT.size:
+        print(
+            "sluice bench connections: --connections and --per-process must be positive and "
+            f"--size at least {HEAD_STRUCT.size}",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
+    plan = _connections_plan(args)
+    host, port = args.broker
+    print(
+        f"sluice bench connections: {plan.connections} connections to {host}:{port} in "
+        f"{plan.processes} process(es), held {plan.duration_s:g} s, "
+        f"{plan.rate_per_connection:g} msg/s each to {plan.destination_prefix}.<i>",
+        flush=True,
+    )
+    summary = run_connections(plan)
+    for line in format_connections(summary):
+        print(line)
+    if args.json is not None:
+        write_json(args.json, "connections", options_of(args), summary)
+    if not summary["ok"]:
+        print(f"sluice bench connections: {summary['failure']}", file=sys.stderr)
+        return ExitCode.FAILURE
+    return ExitCode.OK
 
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the scenario the arguments name; return the exit code."""
     if args.scenario == "connections":
-        from sluice.bench.connections import run_connections  # noqa: PLC0415
-
-        return run_connections(args)
+        return _run_connections(args)
     return _run_clients(args)

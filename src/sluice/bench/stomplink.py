@@ -15,12 +15,12 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from sluice.errors import ClientError, RemoteProtocolError
 from sluice.stomp import Command, Frame, FrameParser, StompLimits, Version, encode_frame
 
-__all__ = ["BrokerAddress", "LinkError", "StompLink", "open_link"]
+__all__ = ["BrokerTarget", "LinkError", "StompLink", "open_link"]
 
 _WRITE_HIGH_WATER_BYTES = 1024 * 1024
 _WRITE_LOW_WATER_BYTES = 256 * 1024
@@ -36,8 +36,8 @@ class LinkError(ClientError):
 
 
 @dataclass(frozen=True)
-class BrokerAddress:
-    """Where and as whom to connect."""
+class BrokerTarget:
+    """The broker a bench connection goes to, and as whom: address, credentials, virtual host."""
 
     host: str
     port: int
@@ -45,6 +45,18 @@ class BrokerAddress:
     passcode: str | None = None
     # The CONNECT `host` header: RabbitMQ reads it as the virtual host.
     host_header: str = "/"
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> BrokerTarget:
+        """The target of a worker's spec (its `broker` object, JSON-safe)."""
+        broker = spec["broker"]
+        return cls(
+            host=broker["host"],
+            port=int(broker["port"]),
+            login=broker.get("login"),
+            passcode=broker.get("passcode"),
+            host_header=broker.get("host_header", "/"),
+        )
 
 
 def _ignore_message(frame: Frame, now_ns: int) -> None:
@@ -227,7 +239,7 @@ class StompLink(asyncio.Protocol):
                 f"{self.name}: no RECEIPT for {command} within {timeout_s:g} s"
             ) from None
 
-    async def handshake(self, address: BrokerAddress, timeout_s: float) -> None:
+    async def handshake(self, address: BrokerTarget, timeout_s: float) -> None:
         """Send CONNECT and wait for CONNECTED (STOMP 1.2 or 1.1)."""
         headers = {"accept-version": "1.2,1.1", "host": address.host_header, "heart-beat": "0,0"}
         if address.login is not None:
@@ -269,7 +281,7 @@ class StompLink(asyncio.Protocol):
         await self._lost
 
 
-async def open_link(address: BrokerAddress, name: str, timeout_s: float) -> StompLink:
+async def open_link(address: BrokerTarget, name: str, timeout_s: float) -> StompLink:
     """Connect over TCP and complete the STOMP handshake; raises `LinkError` or `OSError`."""
     loop = asyncio.get_running_loop()
     try:

@@ -3,7 +3,7 @@
 It holds one chunk at a time: the one whose bytes it is handing out. When the application asks
 for bytes past it, that chunk is acknowledged and the next one fetched from the reader, which
 checks its place in the stream. The first chunk and the end chunk are checked as they are opened,
-before any of their bytes are handed out (see `sluice.client.stream_reader`).
+before any of their bytes are handed out (see `sluice.client.streams.reader`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from sluice.client.chunks import Chunk
 from sluice.client.message import Message
-from sluice.client.stream import STREAM_NAME, STREAM_SIZE
+from sluice.client.streams.chunks import Chunk
+from sluice.client.streams.headers import STREAM_NAME, STREAM_SIZE
 from sluice.errors import ClientError
 
 __all__ = ["ChunkSource", "InboundStream", "StreamState"]
@@ -132,7 +132,7 @@ class InboundStream:
 
     def seed_sha256(self, hasher: Any) -> None:
         """Give the SHA-256 of the `resumed_at` bytes before this reader's first byte (a hashlib
-        object, e.g. from `sluice.client.stream.hash_prefix`), so the end check covers the whole
+        object, e.g. from `sluice.client.streams.hash_prefix`), so the end check covers the whole
         stream. Call it before the first read."""
         if self._opened:
             raise ClientError("seed_sha256 must be called before the first read")

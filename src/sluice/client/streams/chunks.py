@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from sluice.client.message import Message
-from sluice.client.stream import (
+from sluice.client.streams.headers import (
     STREAM_ABORT,
     STREAM_ABORT_REASON,
     STREAM_END,

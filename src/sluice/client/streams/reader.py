@@ -38,24 +38,21 @@ import logging
 from collections import OrderedDict
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-from sluice.client.chunks import Chunk, parse_chunk
 from sluice.client.errors import (
     ConnectionLost,
     StreamAborted,
     StreamCorrupted,
     StreamOutOfOrder,
 )
-from sluice.client.inbound import InboundStream
 from sluice.client.message import AckMode, Message
-from sluice.client.stream import STREAM_ID, STREAM_RESUME
-from sluice.client.subscription import Subscription
+from sluice.client.streams.chunks import Chunk, parse_chunk
+from sluice.client.streams.headers import STREAM_ID, STREAM_RESUME
+from sluice.client.streams.inbound import InboundStream
+from sluice.client.streams.transport import ReadTransport
+from sluice.client.subscription import ClientSubscription
 from sluice.config import MiB
 from sluice.errors import ClientError
-
-if TYPE_CHECKING:
-    from sluice.client.aio import Client
 
 __all__ = [
     "DEFAULT_STREAM_PREFETCH_BYTES",
@@ -94,7 +91,7 @@ class StreamReader:
 
     def __init__(
         self,
-        client: Client,
+        transport: ReadTransport,
         destination: str,
         *,
         prefetch_bytes: int = DEFAULT_STREAM_PREFETCH_BYTES,
@@ -104,7 +101,7 @@ class StreamReader:
     ) -> None:
         if prefetch_bytes < 1:
             raise ClientError(f"prefetch_bytes must be at least 1 (got {prefetch_bytes})")
-        self.client = client
+        self.transport = transport
         self.destination = destination
         self.prefetch_bytes = prefetch_bytes
         try:
@@ -113,7 +110,7 @@ class StreamReader:
             raise ClientError(f"on_gap must be 'raise' or 'skip' (got {on_gap!r})") from None
         self._headers = dict(headers) if headers else {}
         self._id = id
-        self._subscription: Subscription | None = None
+        self._subscription: ClientSubscription | None = None
         self._current: InboundStream | None = None
         # A message looked at and left for the next classification.
         self._held: Message | None = None
@@ -134,7 +131,7 @@ class StreamReader:
         return self._current
 
     @property
-    def subscription(self) -> Subscription | None:
+    def subscription(self) -> ClientSubscription | None:
         """The subscription underneath, once open."""
         return self._subscription
 
@@ -145,7 +142,7 @@ class StreamReader:
         if self._subscription is None:
             headers = dict(self._headers)
             headers["x-max-open-groups"] = "1"
-            self._subscription = await self.client.subscribe(
+            self._subscription = await self.transport.subscribe(
                 self.destination,
                 ack=AckMode.CLIENT_INDIVIDUAL,
                 headers=headers,
@@ -338,7 +335,7 @@ class StreamReader:
     async def ack_chunk(self, stream: InboundStream, message: Message, *, receipt: bool) -> None:
         """Acknowledge a chunk of `stream`; a lost connection fails the stream."""
         try:
-            await self.client.ack(message, receipt=receipt)
+            await self.transport.ack(message, receipt=receipt)
         except ConnectionLost:
             raise self._lost(stream) from None
 
@@ -406,14 +403,18 @@ class StreamReader:
                 if self._stale(message):
                     continue
                 return message
-            if stream is not None and self.client.epoch != stream.epoch:
+            if stream is not None and self.transport.epoch != stream.epoch:
                 return None
 
     def _stale(self, message: Message) -> bool:
         """Was `message` delivered on a connection that is gone? The broker redelivers it, so
         it is dropped here (it could not be acknowledged anyway)."""
         epoch = message.connection_epoch
-        stale = epoch <= self._dead_epoch or epoch < self.client.epoch or not self.client.connected
+        stale = (
+            epoch <= self._dead_epoch
+            or epoch < self.transport.epoch
+            or not self.transport.connected
+        )
         if stale:
             logger.debug(
                 "%s: dropped %s of a lost connection", self.destination, message.message_id
@@ -471,6 +472,6 @@ class StreamReader:
 
     async def _ack_quietly(self, message: Message) -> None:
         try:
-            await self.client.ack(message)
+            await self.transport.ack(message)
         except ConnectionLost as exc:
             logger.debug("%s: acknowledgement lost with the connection: %s", self.destination, exc)

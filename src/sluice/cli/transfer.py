@@ -13,7 +13,7 @@ nothing visible, and the next run sends the whole file again in one transaction,
 stream id and dedup ids (so a COMMIT whose receipt was lost is not repeated).
 
 get. Streams are written to `DIR/<name>.part` and renamed to `DIR/<name>` once the SHA-256 has
-matched; see `sluice.cli_getdir` for how a restarted get continues a part file.
+matched; see `sluice.cli.getdir` for how a restarted get continues a part file.
 """
 
 from __future__ import annotations
@@ -27,16 +27,18 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sluice.cli_getdir import GetDir
-from sluice.cli_progress import Progress, format_bytes
+from sluice.cli.common import Runner, add_client_args
+from sluice.cli.exitcodes import ExitCode
+from sluice.cli.getdir import GetDir, PartRecord
+from sluice.cli.progress import Progress, format_bytes
 from sluice.errors import SluiceError
 
-__all__ = ["TransferError", "add_transfer_parsers", "run_get", "run_put"]
+if TYPE_CHECKING:
+    from sluice.client.streams import StreamResume
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
+__all__ = ["TransferError", "add_parsers", "run_get", "run_put"]
 
 # The put state file is written at most this often while chunks are receipted.
 STATE_SAVE_INTERVAL_S = 0.2
@@ -70,13 +72,16 @@ def _default_state_dir() -> Path:
     return Path(base) / "sluice" / "put"
 
 
-def add_transfer_parsers(sub: Any, client_args: Any) -> None:
-    """Add `put` and `get` to the subcommand parsers."""
-    from sluice.client.stream import DEFAULT_CHUNK_BYTES, DEFAULT_STREAM_WINDOW  # noqa: PLC0415
-    from sluice.client.stream_reader import DEFAULT_STREAM_PREFETCH_BYTES  # noqa: PLC0415
+def add_parsers(sub: Any) -> dict[str, Runner]:
+    """Add `put` and `get` to the subcommand parsers; return their runners by name."""
+    from sluice.client.streams import (  # noqa: PLC0415
+        DEFAULT_CHUNK_BYTES,
+        DEFAULT_STREAM_PREFETCH_BYTES,
+        DEFAULT_STREAM_WINDOW,
+    )
 
     p = sub.add_parser("put", help="send a file as a stream (resumable)")
-    client_args(p)
+    add_client_args(p)
     p.add_argument("file", type=Path)
     p.add_argument("destination")
     p.add_argument(
@@ -105,7 +110,7 @@ def add_transfer_parsers(sub: Any, client_args: Any) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
     g = sub.add_parser("get", help="receive streams into files in a directory (resumable)")
-    client_args(g)
+    add_client_args(g)
     g.add_argument("destination")
     g.add_argument("directory", type=Path)
     g.add_argument(
@@ -121,6 +126,7 @@ def add_transfer_parsers(sub: Any, client_args: Any) -> None:
         help="the broker's byte credit (default %(default)s)",
     )
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summaries")
+    return {"put": run_put, "get": run_get}
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -189,21 +195,22 @@ class _PutState:
             self.path.unlink()
 
 
-def run_put(args: argparse.Namespace) -> int:
-    """`sluice put FILE DEST`."""
-    import uuid  # noqa: PLC0415
-
-    from sluice.client import BlockingClient, StreamProgress, StreamResume  # noqa: PLC0415
-    from sluice.client.stream import STREAM_NAME, STREAM_SIZE, hash_prefix  # noqa: PLC0415
-    from sluice.errors import ClientError  # noqa: PLC0415
-
-    path: Path = args.file.resolve()
+def _put_file(file: Path) -> tuple[Path, os.stat_result]:
+    """The file to put, resolved, and what `stat` says of it; `TransferError` if not a file."""
+    path = file.resolve()
     try:
         info = path.stat()
     except OSError as exc:
-        raise TransferError(f"{args.file}: {exc.strerror}") from None
+        raise TransferError(f"{file}: {exc.strerror}") from None
     if not path.is_file():
-        raise TransferError(f"{args.file} is not a regular file")
+        raise TransferError(f"{file} is not a regular file")
+    return path, info
+
+
+def _put_state(args: argparse.Namespace, path: Path, info: os.stat_result) -> _PutState:
+    """The state of this put: left by a failed run of the same put, or a new stream's."""
+    import uuid  # noqa: PLC0415
+
     identity = {
         "path": str(path),
         "destination": args.destination,
@@ -215,8 +222,7 @@ def run_put(args: argparse.Namespace) -> int:
     state_dir = args.state_dir if args.state_dir is not None else _default_state_dir()
     key = hashlib.sha256(f"{path}\0{args.destination}".encode()).hexdigest()[:32]
     state = _PutState(state_dir / f"{key}.json", identity)
-    resuming = state.load()
-    if not resuming:
+    if not state.load():
         state.stream_id = uuid.uuid4().hex
         state.next_seq = 0
         state.offset = 0
@@ -224,14 +230,33 @@ def run_put(args: argparse.Namespace) -> int:
         # A transaction that did not commit left nothing: send it all again.
         state.next_seq, state.offset = 0, 0
     state.save()
-    resume = None
-    if state.next_seq > 0:
-        try:
-            hasher = hash_prefix(path, state.offset)
-        except ClientError as exc:
-            raise TransferError(str(exc)) from None
-        resume = StreamResume(state.next_seq, state.offset, hasher)
-        _say(args, f"continuing stream {state.stream_id} at chunk {state.next_seq}")
+    return state
+
+
+def _resume_point(args: argparse.Namespace, state: _PutState, path: Path) -> StreamResume | None:
+    """Where the stream continues (a `StreamResume`), or None for a stream from its start."""
+    from sluice.client import StreamResume, hash_prefix  # noqa: PLC0415
+    from sluice.errors import ClientError  # noqa: PLC0415
+
+    if state.next_seq == 0:
+        return None
+    try:
+        hasher = hash_prefix(path, state.offset)
+    except ClientError as exc:
+        raise TransferError(str(exc)) from None
+    _say(args, f"continuing stream {state.stream_id} at chunk {state.next_seq}")
+    return StreamResume(state.next_seq, state.offset, hasher)
+
+
+def run_put(args: argparse.Namespace) -> int:
+    """`sluice put FILE DEST`."""
+    from sluice.client import BlockingClient, StreamOptions, StreamProgress  # noqa: PLC0415
+    from sluice.client.streams import STREAM_NAME, STREAM_SIZE  # noqa: PLC0415
+    from sluice.errors import ClientError  # noqa: PLC0415
+
+    path, info = _put_file(args.file)
+    state = _put_state(args, path, info)
+    resume = _resume_point(args, state, path)
     progress = Progress(
         path.name, info.st_size, sys.stderr, enabled=_progress_enabled(args), start=state.offset
     )
@@ -245,24 +270,22 @@ def run_put(args: argparse.Namespace) -> int:
             state.offset = done.offset_end
             state.save(force=False)
 
-    headers = {STREAM_NAME: path.name, STREAM_SIZE: str(info.st_size)}
+    options = StreamOptions(
+        chunk_size=args.chunk_size,
+        transactional=args.transactional,
+        stream_id=state.stream_id,
+        headers={STREAM_NAME: path.name, STREAM_SIZE: str(info.st_size)},
+        window=args.window,
+        resume=resume,
+        on_progress=on_progress,
+    )
     try:
         with (
             BlockingClient(args.broker, login=args.login, passcode=args.passcode) as client,
             path.open("rb") as file,
         ):
             file.seek(state.offset)
-            sent = client.send_stream(
-                args.destination,
-                file,
-                chunk_size=args.chunk_size,
-                transactional=args.transactional,
-                stream_id=state.stream_id,
-                headers=headers,
-                window=args.window,
-                resume=resume,
-                on_progress=on_progress,
-            )
+            sent = client.send_stream(args.destination, file, options)
     except ClientError as exc:
         raise TransferError(
             f"{exc}; run the same command again to continue"
@@ -279,7 +302,7 @@ def run_put(args: argparse.Namespace) -> int:
         f" chunks, {format_bytes(progress.average_rate())}/s, stream {sent.stream_id}"
         f" sha256 {sent.sha256}",
     )
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # -- get --------------------------------------------------------------------------------------
@@ -311,31 +334,9 @@ class _Getter:
 
     def receive(self, stream: Any) -> None:
         """Write one stream; raises `TransferError` when it cannot be continued here."""
-        from sluice.client import StreamAborted, StreamCorrupted, hash_prefix  # noqa: PLC0415
-        from sluice.client.errors import ConnectionLost  # noqa: PLC0415
-
-        folder = self.folder
-        record = folder.records.get(stream.id)
-        if record is not None and record.complete:
-            # Written and checked by an earlier run: only the broker did not know.
-            stream.skip()
-            folder.drop(record, delete_part=False)
+        record = self._record_for(stream)
+        if record is None:
             return
-        if stream.resumed_at == 0:
-            if record is None:
-                record = folder.new_record(stream.id, stream.name)
-            folder.save(record)
-        else:
-            size = folder.part_size(record) if record is not None else None
-            if record is None or size is None or size < stream.resumed_at:
-                have = "no part of it" if size is None else f"only {size} bytes of it"
-                raise TransferError(
-                    f"stream {stream.id} ({stream.name}) resumes at offset {stream.resumed_at}"
-                    f" but {self.args.directory} holds {have}: run get on the directory that"
-                    " holds its start"
-                )
-            stream.seed_sha256(hash_prefix(folder.part_path(record), stream.resumed_at))
-            _say(self.args, f"resuming {record.name} at offset {stream.resumed_at}")
         progress = Progress(
             record.name,
             stream.size_hint,
@@ -343,6 +344,44 @@ class _Getter:
             enabled=_progress_enabled(self.args),
             start=stream.resumed_at,
         )
+        if self._write(stream, record, progress):
+            self._complete(stream, record, progress)
+
+    def _record_for(self, stream: Any) -> PartRecord | None:
+        """The part file record `stream` goes to; None if an earlier run already wrote it."""
+        from sluice.client import hash_prefix  # noqa: PLC0415
+
+        folder = self.folder
+        record = folder.records.get(stream.id)
+        if record is not None and record.complete:
+            # Written and checked by an earlier run: only the broker did not know.
+            stream.skip()
+            folder.drop(record, delete_part=False)
+            return None
+        if stream.resumed_at == 0:
+            if record is None:
+                record = folder.new_record(stream.id, stream.name)
+            folder.save(record)
+            return record
+        size = folder.part_size(record) if record is not None else None
+        if record is None or size is None or size < stream.resumed_at:
+            have = "no part of it" if size is None else f"only {size} bytes of it"
+            raise TransferError(
+                f"stream {stream.id} ({stream.name}) resumes at offset {stream.resumed_at}"
+                f" but {self.args.directory} holds {have}: run get on the directory that"
+                " holds its start"
+            )
+        stream.seed_sha256(hash_prefix(folder.part_path(record), stream.resumed_at))
+        _say(self.args, f"resuming {record.name} at offset {stream.resumed_at}")
+        return record
+
+    def _write(self, stream: Any, record: PartRecord, progress: Progress) -> bool:
+        """Write the stream's bytes into its part file and close `progress`; False if the
+        stream failed (said why)."""
+        from sluice.client import StreamAborted, StreamCorrupted  # noqa: PLC0415
+        from sluice.client.errors import ConnectionLost  # noqa: PLC0415
+
+        folder = self.folder
         try:
             with folder.open_part(record, stream.resumed_at) as file:
                 for data in stream:
@@ -357,18 +396,25 @@ class _Getter:
                 " if its producer resumes it",
                 file=sys.stderr,
             )
-            return
+            return False
         except StreamCorrupted as exc:
             progress.close()
             folder.drop(record, delete_part=True)
             self.failures += 1
             print(f"sluice get: {exc}; {record.part} deleted", file=sys.stderr)
-            return
+            return False
         except ConnectionLost as exc:
             progress.close()
             print(f"sluice get: {exc}", file=sys.stderr)
-            return
+            return False
         progress.close()
+        return True
+
+    def _complete(self, stream: Any, record: PartRecord, progress: Progress) -> None:
+        """The stream is written and checked: acknowledge its end and rename its part file."""
+        from sluice.client.errors import ConnectionLost  # noqa: PLC0415
+
+        folder = self.folder
         record.complete = True
         folder.save(record)
         try:
@@ -423,4 +469,4 @@ def run_get(args: argparse.Namespace) -> int:
             f"{getter.failures} corrupt streams and {skipped} chunks out of place were dropped"
             f" (received {getter.received})"
         )
-    return EXIT_OK
+    return ExitCode.OK

@@ -1,0 +1,113 @@
+"""`sluice broker`: run the broker until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from sluice import __version__
+from sluice import config as config_mod
+from sluice.cli.common import Runner
+from sluice.cli.exitcodes import ExitCode
+
+__all__ = ["add_parsers"]
+
+log = logging.getLogger("sluice")
+
+# A stopping broker exits within this, whatever state its disk is in.
+SHUTDOWN_TIMEOUT_S = 8.0
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def _broker_config(args: argparse.Namespace) -> config_mod.Config:
+    overrides: dict[str, dict[str, Any]] = {}
+    if args.stomp is not None:
+        overrides["stomp"] = {"host": args.stomp[0], "port": args.stomp[1]}
+    store: dict[str, Any] = {}
+    if args.data is not None:
+        store["data_dir"] = str(args.data)
+    if args.store is not None:
+        store["kind"] = args.store
+    if args.repair:
+        store["repair"] = True
+    if store:
+        overrides["store"] = store
+    return config_mod.load(args.config, overrides=overrides)
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    cfg = _broker_config(args)
+    if cfg.use_uvloop:
+        try:
+            import uvloop  # noqa: PLC0415
+
+            uvloop.install()
+        except ImportError:
+            log.info("uvloop is not installed; using the default event loop")
+
+    async def serve() -> None:
+        from sluice.server.listener import BrokerServer  # noqa: PLC0415
+        from sluice.server.stores import open_stores  # noqa: PLC0415
+
+        store, temp_store = open_stores(cfg)
+        server = BrokerServer(cfg, store, temp_store=temp_store)
+        await server.start()
+        # Until here a signal ends the process at once (a start is recovery: nothing to lose);
+        # from the line that says the broker listens, it stops the broker cleanly.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(
+            f"sluice {__version__} listening on {cfg.stomp.host}:{server.port} "
+            f"(store: {cfg.store.kind.value}"
+            + (f", data: {cfg.store.data_dir}" if cfg.store.kind.value == "journal" else "")
+            + ")",
+            file=sys.stderr,
+            flush=True,
+        )
+        await stop.wait()
+        # Whatever the disk does, the broker is gone within SHUTDOWN_TIMEOUT_S: past it, it
+        # exits as after a crash (the next start replays the journal from its last checkpoint).
+        watchdog = threading.Timer(SHUTDOWN_TIMEOUT_S, _stop_now)
+        watchdog.daemon = True
+        watchdog.start()
+        await server.stop()
+        watchdog.cancel()
+
+    asyncio.run(serve())
+    return ExitCode.OK
+
+
+def _stop_now() -> None:
+    log.error(
+        "the broker did not stop within %.0f s; exiting now (the next start recovers from the "
+        "journal)",
+        SHUTDOWN_TIMEOUT_S,
+    )
+    logging.shutdown()
+    os._exit(ExitCode.FAILURE)
+
+
+def add_parsers(sub: Any) -> dict[str, Runner]:
+    """Add `broker` to the subcommand parsers; return its runner by name."""
+    b = sub.add_parser("broker", help="run the broker")
+    b.add_argument("--config", type=Path, help="TOML configuration file")
+    b.add_argument("--stomp", type=_host_port, help="listen on HOST:PORT (default 127.0.0.1:61613)")
+    b.add_argument("--data", type=Path, help="data directory of the journal store")
+    b.add_argument("--store", choices=["memory", "journal"], help="message store")
+    b.add_argument("--repair", action="store_true", help="skip damaged journal records on start")
+    return {"broker": _run_broker}
