@@ -475,6 +475,13 @@ class Life:
             elif ev.outcome == "disconnect":
                 client.close()
                 self._aborted(msgs, acked)
+                # Credit freed by the transacted ACKs may have brought more: back they go too.
+                for frame in client.take_buffered():
+                    extra = take(
+                        self.model, client, frame, "queue", ev.acks_from, ack_markers=False
+                    )
+                    if extra is not None:
+                        self.model.requeued(extra)
             elif ev.outcome == "crash_open":
                 self.broker.kill()
                 killed = True
@@ -489,6 +496,9 @@ class Life:
                     self.model.unknown_commits.append([m.msg_id for m in msgs])
                     for msg in acked:
                         msg.fate = Fate.MAYBE
+            if killed:  # what reached the client before the kill was delivered
+                for frame in client.take_buffered():
+                    take(self.model, client, frame, "queue", ev.acks_from, ack_markers=False)
             if ev.outcome in ("commit", "abort") and acked:
                 client.call("UNSUBSCRIBE", id="tx")
                 for frame in client.take_buffered():
