@@ -75,12 +75,12 @@ KNOWN_FAILURES = [
     KnownFailure(
         "index-enospc-fails-store",
         Settings(small_disk=True, store_full="block"),
-        (Send("/queue/sim.q0", 30, True, 600), DiskFull(1024 * 1024, 100, 32 * 1024, acks=20)),
+        (Send("/queue/sim.q0", 30, True, 600), DiskFull(0, 100, 32 * 1024, acks=20)),
         "disk-full-failed-store",
         "a full disk is meant not to fail the store, but an index checkpoint that meets ENOSPC "
-        "(here after the temp store's preallocation took the last MiB) kills the journal writer "
-        "(lmdb.DiskError, logged with a traceback) and persistent sends are refused until a "
-        "restart",
+        "(another process, or the temp store's preallocation, took the reserve) kills the "
+        "journal writer (lmdb.DiskError, logged with a traceback) and persistent sends are "
+        "refused until a restart",
         needs_small_disk=True,
     ),
 ]
