@@ -206,6 +206,10 @@ class FilesRetired:
                 ranges.append((n, n))
         return cls(tuple(ranges))
 
+    def numbers(self) -> set[int]:
+        """Every file number the ranges cover."""
+        return {n for first, last in self.ranges for n in range(first, last + 1)}
+
     def covers(self, file_no: int) -> bool:
         """Whether collection removed data file `file_no`."""
         return any(first <= file_no <= last for first, last in self.ranges)

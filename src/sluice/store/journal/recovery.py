@@ -366,7 +366,8 @@ def _check_gaps(config: StoreConfig, recovered: Recovered, files: list[int]) -> 
     """Every data file number below the newest must exist or have been collected."""
     journal_dir = config.data_dir / "journal"
     present = set(files)
-    lost = [n for n in range(1, files[-1]) if n not in present and not recovered.retired.covers(n)]
+    retired = recovered.retired.numbers()
+    lost = [n for n in range(1, files[-1]) if n not in present and n not in retired]
     if not lost:
         return
     names = f"db-{lost[0]}.log" + (f" to db-{lost[-1]}.log" if len(lost) > 1 else "")

@@ -528,14 +528,9 @@ class JournalState:
         # a record file already depends on the closing one (a transacted remove of a message
         # that compaction copied next to the commit): the two would wait for each other for
         # ever, and the remove's own dependency is the one correctness needs.
-        closing = self.files.get(file_no)
         self._add_deps(
             file_no,
-            (
-                f
-                for f in tx_files
-                if closing is None or file_no not in self.files.get(f, closing).deps
-            ),
+            (f for f in tx_files if f not in self.files or file_no not in self.files[f].deps),
         )
 
     # -- subscriptions and destinations ------------------------------------------------------------
