@@ -86,10 +86,13 @@ class RunningBroker:
 
 
 def start_broker(
-    *, message_store: MessageStore | None = None, **overrides: dict[str, Any]
+    *,
+    message_store: MessageStore | None = None,
+    now_ms: Callable[[], int] | None = None,
+    **overrides: dict[str, Any],
 ) -> RunningBroker:
     """Start a broker (memory store, port 0 unless overridden) on its own loop thread;
-    `message_store` replaces the store the configuration names."""
+    `message_store` replaces the store the configuration names, `now_ms` the broker's clock."""
     sections: dict[str, dict[str, Any]] = {"stomp": {"port": 0}, "store": {"kind": "memory"}}
     for section, values in overrides.items():
         sections.setdefault(section, {}).update(values)
@@ -105,7 +108,7 @@ def start_broker(
             store = message_store
             if store is None:
                 store, temp_store = open_stores(cfg)
-            server = BrokerServer(cfg, store, temp_store=temp_store)
+            server = BrokerServer(cfg, store, temp_store=temp_store, now_ms=now_ms)
             await server.start()
             stopped = asyncio.Event()
             started.set_result(RunningBroker(server, loop, threading.current_thread(), stopped))

@@ -114,7 +114,7 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class HeartBeat:
+class HeartBeatSettings:
     """Heart-beats the broker offers and the grace it allows a silent peer."""
 
     send_ms: int = 10_000
@@ -198,7 +198,7 @@ class Config:
 
     stomp: Listener = field(default_factory=Listener)
     limits: Limits = field(default_factory=Limits)
-    heartbeat: HeartBeat = field(default_factory=HeartBeat)
+    heartbeat: HeartBeatSettings = field(default_factory=HeartBeatSettings)
     policy: DestinationPolicy = field(default_factory=DestinationPolicy)
     store: StoreConfig = field(default_factory=StoreConfig)
     destinations: tuple[DestinationOverride, ...] = ()
@@ -243,7 +243,7 @@ class Config:
 _SECTIONS: dict[str, type[Any]] = {
     "stomp": Listener,
     "limits": Limits,
-    "heartbeat": HeartBeat,
+    "heartbeat": HeartBeatSettings,
     "policy": DestinationPolicy,
     "store": StoreConfig,
 }

@@ -27,9 +27,11 @@ class _Transport:
     def __init__(self) -> None:
         self.data = bytearray()
         self.closing = False
+        self.written = asyncio.Event()
 
     def write(self, data: bytes) -> None:
         self.data += data
+        self.written.set()
 
     def is_closing(self) -> bool:
         return self.closing
@@ -53,6 +55,15 @@ class _Transport:
         while (event := parser.next_event()) is not None:
             if isinstance(event, Frame):
                 found.append(event)
+        return found
+
+    async def frames_once(self, count: int) -> list[Frame]:
+        """The frames written, once there are at least `count`. A writer runs on until it
+        awaits something, so this sees everything it wrote before it stopped to wait."""
+        async with asyncio.timeout(5):
+            while len(found := self.frames()) < count:
+                self.written.clear()
+                await self.written.wait()
         return found
 
 
@@ -80,8 +91,7 @@ async def test_producer_windows_carry_receipts_and_valid_bodies() -> None:
     spec = ProducerSpec(3, "/queue/q", 64, count=5, receipt_every=2, max_receipts=10)
     producer = BenchProducer(spec, link)
     task = asyncio.create_task(producer.run(0, 5, measured=True))
-    await asyncio.sleep(0)
-    frames = transport.frames()
+    frames = await transport.frames_once(5)
     assert [f.command for f in frames] == [Command.SEND] * 5
     assert [f.headers.get("receipt") for f in frames] == [None, "m1", None, "m3", "m4"]
     for seq, frame in enumerate(frames):
@@ -101,8 +111,7 @@ async def test_persistent_is_only_ever_true() -> None:
     link, transport = _link()
     spec = ProducerSpec(0, "/queue/q", 64, count=1, persistent=True)
     task = asyncio.create_task(BenchProducer(spec, link).run(0, 1, measured=False))
-    await asyncio.sleep(0)
-    (frame,) = transport.frames()
+    (frame,) = await transport.frames_once(1)
     assert frame.headers["persistent"] == "true"
     _receipt(link, "w0")
     await asyncio.wait_for(task, 1)
@@ -112,26 +121,21 @@ async def test_producer_stops_at_max_receipts_until_answered() -> None:
     link, transport = _link()
     spec = ProducerSpec(0, "/queue/q", 64, count=10, receipt_every=1, max_receipts=2)
     task = asyncio.create_task(BenchProducer(spec, link).run(0, 10, measured=True))
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert len(transport.frames()) == 2  # two windows out, none answered
-    _receipt(link, "m0")
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert len(transport.frames()) == 3
-    for seq in range(1, 10):
+    assert len(await transport.frames_once(1)) == 2  # two windows out, none answered
+    for seq in range(10):
+        # Each receipt lets exactly one more window out, never more than two unanswered.
         _receipt(link, f"m{seq}")
-        for _ in range(3):
-            await asyncio.sleep(0)
+        expected = min(seq + 3, 10)
+        assert len(await transport.frames_once(expected)) == expected
     await asyncio.wait_for(task, 1)
     assert len(transport.frames()) == 10
 
 
 async def test_producer_fails_when_the_link_dies() -> None:
-    link, _ = _link()
+    link, transport = _link()
     spec = ProducerSpec(0, "/queue/q", 64, count=10, receipt_every=1, max_receipts=1)
     task = asyncio.create_task(BenchProducer(spec, link).run(0, 10, measured=True))
-    await asyncio.sleep(0)
+    await transport.frames_once(1)
     link.data_received(encode_frame(Command.ERROR, {"message": "go away"}))
     with pytest.raises(LinkError, match="go away"):
         await asyncio.wait_for(task, 1)
@@ -142,12 +146,14 @@ async def test_timetable_stamps_due_times() -> None:
     spec = ProducerSpec(0, "/queue/q", 64, count=4, rate_per_s=1000.0, receipt_every=2)
     producer = BenchProducer(spec, link)
     task = asyncio.create_task(producer.run(0, 4, measured=True))
-    while len(transport.frames()) < 4:
-        await asyncio.sleep(0.001)
-        for frame in transport.frames():
+    answered = 0
+    while answered < 4:
+        frames = await transport.frames_once(answered + 1)
+        for frame in frames[answered:]:
             receipt = frame.headers.get("receipt")
             if receipt is not None:
                 _receipt(link, receipt)
+        answered = len(frames)
     await asyncio.wait_for(task, 1)
     heads = [decode_body(f.body, 64) for f in transport.frames()]
     steps = [b.intended_ns - a.intended_ns for a, b in itertools.pairwise(heads)]
@@ -161,8 +167,7 @@ async def test_the_window_is_used_as_given() -> None:
     producer = BenchProducer(spec, link)
     assert producer.window == 4
     task = asyncio.create_task(producer.run(0, 8, measured=True))
-    await asyncio.sleep(0)
-    receipts = [f.headers.get("receipt") for f in transport.frames()]
+    receipts = [f.headers.get("receipt") for f in await transport.frames_once(8)]
     assert receipts == [None, None, None, "m3", None, None, None, "m7"]
     for receipt_id in ("m3", "m7"):
         _receipt(link, receipt_id)
@@ -181,8 +186,7 @@ async def test_end_marker_carries_a_receipt_and_is_counted_once() -> None:
     link, transport = _link()
     producer = BenchProducer(ProducerSpec(2, "/queue/q", 64, count=1), link)
     task = asyncio.create_task(producer.mark())
-    await asyncio.sleep(0)
-    (frame,) = transport.frames()
+    (frame,) = await transport.frames_once(1)
     assert frame.headers["receipt"] == "end"
     assert frame.body.startswith(MARKER_MAGIC)
     _receipt(link, "end")

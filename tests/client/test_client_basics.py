@@ -189,20 +189,28 @@ async def test_pipelined_sends_match_receipts_by_id(fake_broker) -> None:
 async def test_receipt_slots_are_fifo_and_bounded() -> None:
     slots = Slots(2)
     order: list[int] = []
+    arrived = [asyncio.Event() for _ in range(5)]
+    holding = [asyncio.Event() for _ in range(5)]
+    releases = [asyncio.Event() for _ in range(5)]
 
-    async def hold(i: int, release: asyncio.Event) -> None:
+    async def hold(i: int) -> None:
+        arrived[i].set()  # the acquire below queues this task before it next yields
         async with slots:
             order.append(i)
-            await release.wait()
+            holding[i].set()
+            await releases[i].wait()
 
-    releases = [asyncio.Event() for _ in range(5)]
-    tasks = [asyncio.ensure_future(hold(i, releases[i])) for i in range(5)]
-    await asyncio.sleep(0)
+    tasks = [asyncio.ensure_future(hold(i)) for i in range(5)]
+    async with asyncio.timeout(5):
+        for event in arrived:
+            await event.wait()
     assert order == [0, 1]
+    assert slots.waiting == 3
     tasks[2].cancel()  # a cancelled waiter is skipped, never given a slot
     releases[0].set()
     await tasks[0]
-    await asyncio.sleep(0)
+    async with asyncio.timeout(5):
+        await holding[3].wait()
     assert order == [0, 1, 3]
     for i in (1, 3, 4):
         releases[i].set()

@@ -4,7 +4,9 @@ errors, failover, reconnect with subscriptions restored, heart-beats."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -355,14 +357,14 @@ def test_jms_headers_pass_through_our_client(broker: RunningBroker) -> None:
 
 
 def test_x_offset_latest_and_timestamp_through_our_client() -> None:
-    running = start_broker(policy={"retention_s": 3600.0})
+    # A clock a millisecond later at every reading: every message has its own timestamp.
+    clock = itertools.count(int(time.time() * 1000))
+    running = start_broker(now_ms=lambda: next(clock), policy={"retention_s": 3600.0})
 
     async def main() -> None:
         topic = f"/topic/replay-{uuid.uuid4().hex[:8]}"
         async with await Client.connect(running.address) as client:
             for i in range(3):
-                if i:
-                    await asyncio.sleep(0.002)  # a later millisecond: distinct timestamps
                 await client.send(topic, b"old-%d" % i)
             probe = await client.subscribe(topic, headers={"x-offset": "earliest"})
             stamps = [int((await _get(probe)).headers["timestamp"]) for _ in range(3)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 
 from sluice import __version__
 from sluice.config import Config
@@ -28,13 +29,15 @@ class BrokerServer:
         *,
         temp_store: MessageStore | None = None,
         authenticate: Authenticator | None = None,
+        now_ms: Callable[[], int] | None = None,
     ) -> None:
         """`store` and `temp_store` come from `stores.open_stores` (or a test); `authenticate`
-        checks CONNECT's login and passcode (everyone is let in without one)."""
+        checks CONNECT's login and passcode (everyone is let in without one); `now_ms` is the
+        broker's wall clock in milliseconds (the system's unless a test gives its own)."""
         self.config = config
         self.version = __version__
         self.loop = asyncio.get_running_loop()
-        self.broker = Broker(config, store, self.loop, temp_store=temp_store)
+        self.broker = Broker(config, store, self.loop, temp_store=temp_store, now_ms=now_ms)
         limits = config.limits
         self.sessions: set[LiveSession] = set()
         context = SessionContext(

@@ -32,11 +32,6 @@ from sluice.errors import (
 )
 from sluice.server.context import CloseReason, SessionContext
 from sluice.server.flow import FlowControl, ReadPause
-from sluice.server.frames import (
-    build_message,
-    encode_common_headers,
-    parse_subscribe,
-)
 from sluice.server.outbound import Outbound
 from sluice.server.receipts import (
     PendingReceipt,
@@ -44,6 +39,11 @@ from sluice.server.receipts import (
     not_committed_message,
     not_stored_message,
     receipt_frame,
+)
+from sluice.server.translate import (
+    build_message,
+    encode_common_headers,
+    parse_subscribe,
 )
 from sluice.stomp.connection import ConnState, Role, StompConnection
 from sluice.stomp.encoding import escape_value
