@@ -46,6 +46,7 @@ def test_group_commit_batches_many_adds(make_journal: Callable[..., Harness]) ->
     h.settle()
     stats = s.stats()
     syncs = stats.syncs - before
+    assert len(h.handles) == 3000
     assert all(x.state is WriteState.WRITTEN for x in h.handles)
     assert 1 <= syncs < 3000 // 10, syncs
     assert stats.batches < 3000 // 10
