@@ -100,6 +100,54 @@ class TopicAttacher(Protocol):
         ...
 
 
+def _disk_budgets(
+    config: Config, count: Callable[[str, int], None]
+) -> tuple[DiskBudget, DiskBudget]:
+    """The disk budgets of the store (persistent messages) and of the temp store."""
+    store_cfg = config.store
+    temp_limit = config.limits.temp_limit_bytes
+    store_disk = DiskBudget(
+        "the store",
+        "persistent producers",
+        counter="store",
+        limit_name="store.max_bytes",
+        limit_bytes=store_cfg.max_bytes,
+        reserve_bytes=store_cfg.disk_reserve_bytes,
+        resume_bytes=_resume_bytes(store_cfg.journal_file_bytes, store_cfg.max_bytes),
+        policy=store_cfg.store_full,
+        count=count,
+    )
+    temp_disk = DiskBudget(
+        "the temp store",
+        "non-persistent producers",
+        counter="temp",
+        limit_name="limits.temp_limit_bytes",
+        limit_bytes=temp_limit,
+        reserve_bytes=store_cfg.disk_reserve_bytes,
+        resume_bytes=_resume_bytes(store_cfg.journal_file_bytes, temp_limit),
+        policy=store_cfg.store_full,
+        count=count,
+    )
+    return store_disk, temp_disk
+
+
+def _sweep_interval_s(config: Config) -> float:
+    """How often expiry and idle streams are swept: often enough for the shortest stream idle
+    timeout of any destination, within bounds."""
+    idle_timeouts = [config.policy.stream_idle_timeout_s] + [
+        override.policy.stream_idle_timeout_s for override in config.destinations
+    ]
+    return max(MIN_SWEEP_INTERVAL_S, min(EXPIRY_SWEEP_INTERVAL_S, min(idle_timeouts) / 2))
+
+
+def _dlq_prefixes(config: Config) -> tuple[str, ...]:
+    """Every dead-letter prefix of the default policy and of the destination overrides."""
+    policies = [config.policy, *(override.policy for override in config.destinations)]
+    return tuple(
+        {prefix for p in policies for prefix in (p.dlq_prefix, p.topic_dlq_prefix) if prefix}
+    )
+
+
 class Broker:
     """Destinations, the store, and the bounds that protect them."""
 
@@ -118,29 +166,7 @@ class Broker:
         self.temp_store = temp_store
         # Disk use: measured from the stores every DISK_CHECK_INTERVAL_S, estimated in between
         # from what was accepted since.
-        store_cfg = config.store
-        self.store_disk = DiskBudget(
-            "the store",
-            "persistent producers",
-            counter="store",
-            limit_name="store.max_bytes",
-            limit_bytes=store_cfg.max_bytes,
-            reserve_bytes=store_cfg.disk_reserve_bytes,
-            resume_bytes=_resume_bytes(store_cfg.journal_file_bytes, store_cfg.max_bytes),
-            policy=store_cfg.store_full,
-            count=self.count,
-        )
-        self.temp_disk = DiskBudget(
-            "the temp store",
-            "non-persistent producers",
-            counter="temp",
-            limit_name="limits.temp_limit_bytes",
-            limit_bytes=self.limits.temp_limit_bytes,
-            reserve_bytes=store_cfg.disk_reserve_bytes,
-            resume_bytes=_resume_bytes(store_cfg.journal_file_bytes, self.limits.temp_limit_bytes),
-            policy=store_cfg.store_full,
-            count=self.count,
-        )
+        self.store_disk, self.temp_disk = _disk_budgets(config, self.count)
         self.store_disk_bytes = 0
         self.temp_disk_bytes = 0
         self._disk_waiters: dict[Hashable, Producer] = {}
@@ -171,12 +197,7 @@ class Broker:
         self.shutting_down = False
         self.recovery: Recovery | None = None
         self._sweep_timer: Cancellable | None = None
-        idle_timeouts = [config.policy.stream_idle_timeout_s] + [
-            override.policy.stream_idle_timeout_s for override in config.destinations
-        ]
-        self._sweep_interval_s = max(
-            MIN_SWEEP_INTERVAL_S, min(EXPIRY_SWEEP_INTERVAL_S, min(idle_timeouts) / 2)
-        )
+        self._sweep_interval_s = _sweep_interval_s(config)
         self._next_expiry_ms = 0
         self.store_pages = bool(getattr(store, "pages_to_disk", True))
         self._overrides = [
@@ -186,10 +207,7 @@ class Broker:
         ]
         # Queues named with any of these prefixes are dead-letter queues: what fails there is
         # not dead-lettered again.
-        policies = [config.policy, *(override.policy for override in config.destinations)]
-        self._dlq_prefixes = tuple(
-            {prefix for p in policies for prefix in (p.dlq_prefix, p.topic_dlq_prefix) if prefix}
-        )
+        self._dlq_prefixes = _dlq_prefixes(config)
         # Wildcard topic subscriptions, by pattern: each attaches to matching topics as they
         # appear.
         self.wildcards: WildcardIndex[TopicAttacher] = WildcardIndex()
