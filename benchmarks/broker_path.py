@@ -64,7 +64,7 @@ async def run(messages: int, size: int, profile: bool) -> None:
     cfg = config_mod.load(env={}, overrides={"store": {"kind": "memory"}})
     server = BrokerServer(cfg, MemoryStore())
     server.broker.open()
-    producer, consumer = StompSession(server), StompSession(server)
+    producer, consumer = StompSession(server.context), StompSession(server.context)
     out_p, out_c = FakeTransport(), FakeTransport()
     producer.connection_made(out_p)  # type: ignore[arg-type]
     consumer.connection_made(out_c)  # type: ignore[arg-type]

@@ -1,0 +1,47 @@
+"""The scripts under benchmarks/ still run against today's code: each is started small, as a user
+would start it, and must finish and print its result line. (A script that broke when the code under
+it changed would only be found by the next person measuring.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPTS = [
+    pytest.param(["broker_path.py", "--messages", "2000"], "us CPU per message", id="broker_path"),
+    pytest.param(["stomp_codec.py", "--frames", "2000"], "encode:", id="stomp_codec"),
+    pytest.param(
+        ["journal_store.py", "adds", "--seconds", "0.2"], "adds/sync=", id="journal_store"
+    ),
+    pytest.param(["streams.py", "--size", "2MiB", "--no-kill"], "verified", id="streams"),
+    pytest.param(["machine.py"], "fsync", id="machine", marks=pytest.mark.slow),  # writes 1 GiB
+    pytest.param(
+        ["restart.py", "--messages", "2000"],
+        "disk_bytes_drained",
+        id="restart",
+        marks=pytest.mark.slow,
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), SCRIPTS)
+def test_benchmark_script_runs(argv: list[str], expected: str, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    if argv[0] in ("restart.py", "streams.py"):
+        argv = [*argv, "--dir", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / argv[0]), *argv[1:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert expected in done.stdout, done.stdout[-3000:]
