@@ -4,6 +4,7 @@
 - `test_random_lives` (`--run-slow --sim-minutes M`): random seeds for M minutes, each life
   summarised; every failure shrunk and reported at the end.
 - `test_known_failure`: shrunk lives that find bugs not fixed yet (strict xfail).
+- `test_regression`: shrunk lives that found bugs since fixed; they must pass.
 - Tests of the simulation itself: damage it must notice, and shrinking.
 
 How to run and replay: docs/lifecycle-simulation.md.
@@ -64,15 +65,6 @@ KNOWN_FAILURES = [
         "time (without redelivered:true), even after their ACK was receipted",
     ),
     KnownFailure(
-        "durable-cursor-ahead-after-restart",
-        Settings(),
-        (Send("/topic/sim.t1", 10, True, 600), DurableCreate("d2"), Stop()),
-        "not-delivered",
-        "a topic's sequence restarts from what the store holds: a durable subscription created "
-        "after unstored messages (or past non-persistent ones) has its cursor ahead of it and "
-        "misses what is published after a restart",
-    ),
-    KnownFailure(
         "index-enospc-fails-store",
         Settings(small_disk=True, store_full="block"),
         (Send("/queue/sim.q0", 30, True, 600), DiskFull(0, 100, 32 * 1024, acks=20)),
@@ -82,6 +74,20 @@ KNOWN_FAILURES = [
         "journal writer (lmdb.DiskError, logged with a traceback) and persistent sends are "
         "refused until a restart",
         needs_small_disk=True,
+    ),
+]
+
+
+# Known failures whose bug is fixed: every one of these lives must pass from now on.
+REGRESSIONS = [
+    KnownFailure(
+        "durable-cursor-ahead-after-restart",
+        Settings(),
+        (Send("/topic/sim.t1", 10, True, 600), DurableCreate("d2"), Stop()),
+        "not-delivered",
+        "a topic's sequence restarts from what the store holds: a durable subscription created "
+        "after unstored messages (or past non-persistent ones) has its cursor ahead of it and "
+        "misses what is published after a restart",
     ),
 ]
 
@@ -125,6 +131,15 @@ def test_known_failure(known: KnownFailure, tmp_path: Path) -> None:
     # Failing some other way means the harness or the bug changed: an error, not an xfail.
     assert failure.check == known.check, f"expected {known.check}, got {failure}"
     raise failure
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("fixed", [pytest.param(f, id=f.name) for f in REGRESSIONS])
+def test_regression(fixed: KnownFailure, tmp_path: Path) -> None:
+    if fixed.needs_small_disk and not small_disk_available():
+        pytest.skip("needs a tmpfs mount (root on Linux)")
+    stats = run_life(1, tmp_path / "life", settings=fixed.settings, events=list(fixed.events))
+    assert stats.sent > 0
 
 
 @pytest.mark.crash
