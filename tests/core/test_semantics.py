@@ -3,12 +3,20 @@ exclusive consumers, duplicate detection."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from sluice.core.connection import SubscribeOptions
+from sluice.config import StoreConfig
+from sluice.core.connection import BrokerConnection, SubscribeOptions
 from sluice.core.message import AckMode
 from sluice.core.topic import Topic
 from sluice.errors import RequestError
+from sluice.store.api import MessageStore
+from sluice.store.journal.store import JournalStore
+from sluice.store.journal.tools import rebuild_index
+from sluice.store.memory import MemoryStore
+from waiting import wait_until
 
 from .fakes import Harness
 
@@ -53,6 +61,70 @@ def test_durable_unacked_messages_come_back_marked_redelivered() -> None:
     h.loop.run()
     ((_, message, _, count),) = again_link.take()
     assert (message.body, count) == (b"b", 2)
+
+
+def _restarted(h: Harness, kind: str, data_dir: Path) -> Harness:
+    """The broker stopped and started again on the same store (with its index rebuilt from the
+    journal for `journal-rebuilt`)."""
+    if kind == "memory":
+        return Harness(h.store)
+    h.broker.close()
+    if kind == "journal-rebuilt":
+        rebuild_index(data_dir)
+    return Harness(JournalStore(StoreConfig(data_dir=data_dir, journal_file_bytes=1 << 20)))
+
+
+def _send_written(h: Harness, conn: BrokerConnection, dest: str, body: bytes) -> None:
+    """A persistent send, once the store has written it (the journal completes on its thread)."""
+    receipts = len(h.receipts)
+    h.send(conn, dest, body, persistent=True)
+    wait_until(lambda: h.loop.ready or len(h.receipts) > receipts, what="the write")
+    h.loop.run()
+    assert len(h.receipts) == receipts + 1
+
+
+@pytest.mark.parametrize("kind", ["memory", "journal", "journal-rebuilt"])
+def test_durable_created_after_unstored_messages_gets_what_follows_a_restart(
+    kind: str, tmp_path: Path
+) -> None:
+    """Messages the store never held (published before the topic kept any, non-persistent
+    ones) used sequences; the durable cursor stands past them, and after a restart the topic
+    must not number new messages below it."""
+    data_dir = tmp_path / "data"
+    store: MessageStore = (
+        MemoryStore()
+        if kind == "memory"
+        else JournalStore(StoreConfig(data_dir=data_dir, journal_file_bytes=1 << 20))
+    )
+    h = Harness(store)
+    producer, _ = h.connect()
+    for i in range(10):
+        h.send(producer, "/topic/t", b"before %d" % i, persistent=True)  # nobody keeps them
+    sub, _ = h.connect("c")
+    sub.subscribe("d", "/topic/t", AckMode.AUTO, SubscribeOptions(durable_name="n"))
+    h.send(producer, "/topic/t", b"non-persistent")  # delivered, acknowledged, not stored
+    sub.close()
+    assert _topic(h, "/topic/t").durables[("c", "n")].cursor == 11
+
+    h = _restarted(h, kind, data_dir)
+    producer, _ = h.connect()
+    _send_written(h, producer, "/topic/t", b"after the restart")
+    back, link = h.connect("c")
+    back.subscribe("d", "/topic/t", AckMode.AUTO, SubscribeOptions(durable_name="n"))
+    h.loop.run()
+    assert link.bodies() == [b"after the restart"]
+    assert [m.seq for _, m, _, _ in link.delivered] == [12]
+
+    # And again, once the cursor is past what the store holds.
+    back.close()
+    h = _restarted(h, kind, data_dir)
+    producer, _ = h.connect()
+    _send_written(h, producer, "/topic/t", b"after the second restart")
+    again, again_link = h.connect("c")
+    again.subscribe("d", "/topic/t", AckMode.AUTO, SubscribeOptions(durable_name="n"))
+    h.loop.run()
+    assert again_link.bodies() == [b"after the second restart"]
+    h.broker.close()
 
 
 def test_durable_needs_client_id_and_only_one_consumer() -> None:

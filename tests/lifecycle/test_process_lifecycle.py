@@ -4,6 +4,7 @@
 - `test_random_lives` (`--run-slow --sim-minutes M`): random seeds for M minutes, each life
   summarised; every failure shrunk and reported at the end.
 - `test_known_failure`: shrunk lives that find bugs not fixed yet (strict xfail).
+- `test_regression`: shrunk lives that found bugs since fixed; they must pass.
 - Tests of the simulation itself: damage it must notice, and shrinking.
 
 How to run and replay: docs/lifecycle-simulation.md.
@@ -63,6 +64,11 @@ KNOWN_FAILURES = [
         "with concurrent_store_and_dispatch_queues=false a queue delivers messages a second "
         "time (without redelivered:true), even after their ACK was receipted",
     ),
+]
+
+
+# Known failures whose bug is fixed: every one of these lives must pass from now on.
+REGRESSIONS = [
     KnownFailure(
         "durable-cursor-ahead-after-restart",
         Settings(),
@@ -125,6 +131,15 @@ def test_known_failure(known: KnownFailure, tmp_path: Path) -> None:
     # Failing some other way means the harness or the bug changed: an error, not an xfail.
     assert failure.check == known.check, f"expected {known.check}, got {failure}"
     raise failure
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("fixed", [pytest.param(f, id=f.name) for f in REGRESSIONS])
+def test_regression(fixed: KnownFailure, tmp_path: Path) -> None:
+    if fixed.needs_small_disk and not small_disk_available():
+        pytest.skip("needs a tmpfs mount (root on Linux)")
+    stats = run_life(1, tmp_path / "life", settings=fixed.settings, events=list(fixed.events))
+    assert stats.sent > 0
 
 
 @pytest.mark.crash

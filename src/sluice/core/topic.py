@@ -27,6 +27,10 @@ sweep finds it in the log; a non-persistent one is discarded and counted, as in 
 While a persistent message is being written (concurrent store and dispatch off, the default for
 topics) it is in the log but not visible: `visible_seq` stops short of the first unwritten message,
 so subscribers see messages in sequence order and only once they are safe.
+
+After a restart a topic numbers on from the highest of the sequences the store holds for it and
+its durable cursors: messages the store never held used sequences too, and a cursor may stand
+past them.
 """
 
 from __future__ import annotations
@@ -166,7 +170,16 @@ class Topic(TopicLog):
 
     def restore_durable(self, recovered: RecoveredSubscription) -> None:
         """A durable subscription read back from the store. Whatever it had not acknowledged may
-        have been delivered before the stop: it comes back marked redelivered."""
+        have been delivered before the stop: it comes back marked redelivered.
+
+        The store knows the sequences of what it holds, not of what it never held (messages
+        published before the topic kept any, non-persistent ones), so its last sequence can be
+        below the cursor: the topic numbers on from the cursor, or the cursor would skip what
+        is published next."""
+        if recovered.cursor > self.last_seq:
+            self.last_seq = recovered.cursor
+            if not self.depth:
+                self.base_seq = self.last_seq + 1
         durable = Durable(
             recovered.client_id,
             recovered.name,

@@ -30,6 +30,7 @@ same transaction as the changes, so they hold after a crash too.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import struct
@@ -41,6 +42,7 @@ from typing import Any
 
 import lmdb
 
+from sluice.errors import DiskFullError, StoreIOError
 from sluice.store.journal import format as fmt
 from sluice.store.journal.indexcodec import (
     MSG_VALUE,
@@ -343,13 +345,26 @@ class Index:
 
     def commit(self, *, reopen: bool = False) -> None:
         """Commit the write transaction with the digest of what it holds (durable when the index
-        is), optionally starting the next one."""
+        is), optionally starting the next one. A failed commit leaves no write transaction and
+        the index as it was: `DiskFullError` when the disk had no room, else `StoreIOError`."""
         numbers: list[int] = []
         for name in DIGESTED:
             numbers.append(self.counts[name])
             numbers.append(self.sums[name] & _MASK64)
         self.txn.put(b"digest", _DIGEST.pack(*numbers), db=self.dbs[b"meta"])
-        self.txn.commit()
+        try:
+            self.txn.commit()
+        except lmdb.Error as exc:
+            # LMDB aborts a transaction whose commit fails before it writes the meta page: the
+            # index stays as the last commit left it, and its changes are gone.
+            self.txn = None
+            self.counts, self.sums = (dict(d) for d in self._committed)
+            path = str(_data_file(self.dir))
+            if isinstance(exc, lmdb.DiskError):
+                raise DiskFullError(
+                    "committing the index", os.strerror(errno.ENOSPC), path
+                ) from exc
+            raise StoreIOError("committing the index", str(exc), path) from exc
         self._committed = (dict(self.counts), dict(self.sums))
         self.txn = self.env.begin(write=True) if reopen else None
 

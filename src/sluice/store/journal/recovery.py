@@ -44,7 +44,7 @@ from pathlib import Path
 import lmdb
 
 from sluice.config import JournalVerify, StoreConfig
-from sluice.errors import CorruptionError
+from sluice.errors import CorruptionError, StoreIOError
 from sluice.store.journal import damage as dmg
 from sluice.store.journal import format as fmt
 from sluice.store.journal.files import (
@@ -224,7 +224,8 @@ class _Opening:
             recovered = _recover_from_index(
                 self.config, index, store_id, files, self.dedup_window, self.report, self.dry_run
             )
-        except (IndexCorrupt, lmdb.Error, _IndexAhead) as exc:
+        except (IndexCorrupt, lmdb.Error, StoreIOError, _IndexAhead) as exc:
+            # StoreIOError: its commit failed (Index.commit), the disk full or failing.
             index.abort()
             index.env.close()
             return None, f"index unusable: {exc}"

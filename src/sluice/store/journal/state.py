@@ -50,6 +50,11 @@ class JournalState:
     def __init__(self, index: Index, dedup_window: int) -> None:
         self.index = index
         self.dedup_window = dedup_window
+        self._cancelled_seqs: dict[str, int] = {}
+        self._db = index.dbs
+        self._clear()
+
+    def _clear(self) -> None:
         self.dests: dict[str, DestInfo] = {}
         self.subs: dict[tuple[str, str], SubInfo] = {}
         self.files: dict[int, FileInfo] = {}
@@ -63,8 +68,6 @@ class JournalState:
         self._dirty_files: set[int] = set()
         self._dirty_dedup: set[str] = set()
         self._dedup_saved: dict[str, int] = {}
-        self._cancelled_seqs: dict[str, int] = {}
-        self._db = index.dbs
 
     @property
     def dirty(self) -> bool:
@@ -78,6 +81,13 @@ class JournalState:
         )
 
     # -- loading and saving ------------------------------------------------------------------------
+
+    def reload(self) -> None:
+        """Forget everything since the last commit and read the tables again (inside a new
+        write transaction): the commit failed and LMDB dropped what it held. Sequences of
+        cancelled adds not yet written stay noted."""
+        self._clear()
+        self.load()
 
     def load(self) -> None:
         """Read the tables from the index (inside its write transaction)."""

@@ -522,7 +522,9 @@ class JournalStore:
             prepared = prealloc.file_bytes if head.next_ready() else 0
             snapshot.preallocated_bytes = unwritten + prepared
             snapshot.data_bytes = max(0, snapshot.disk_bytes - unwritten)
-            snapshot.no_space = isinstance(prealloc.error, DiskFullError) and not prepared
+            snapshot.no_space = writer.index_no_space or (
+                isinstance(prealloc.error, DiskFullError) and not prepared
+            )
         try:
             snapshot.disk_free_bytes = free_bytes(self.config.data_dir)
         except OSError:

@@ -16,7 +16,10 @@ written; when the disk has no room for it (`DiskFullError`), the batch's handles
 error and the store goes on: nothing was written, and it takes writes again once space is back.
 Any other failure to write or sync (EIO, a failed fsync, ENOSPC in the middle of a batch) fails
 the store: its data is never taken as safe, every later write fails, and a restart recovers from
-the journal. Every wait on this thread from another one is bounded, and ends when it stops.
+the journal. An index commit that finds no room is not a failure: LMDB keeps the last commit, the
+records since are taken into a new transaction (`redo.py`), the store counts as full, and the
+checkpoint is tried again every `INDEX_RETRY_S`; any other index commit error fails the store.
+Every wait on this thread from another one is bounded, and ends when it stops.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from sluice.store.journal.files import FileReader, HeadFile, file_path, fsync_di
 from sluice.store.journal.gc import GcResult
 from sluice.store.journal.ops import Op
 from sluice.store.journal.overlay import Cleanup, Overlay
+from sluice.store.journal.redo import redo_since_commit
 from sluice.store.journal.state import JournalState
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,8 @@ MAX_BATCH_BYTES = 16 * 1024 * 1024
 REQUEST_TIMEOUT_S = 300.0
 PAUSE_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
+# An index checkpoint the disk had no room for is tried again after this long.
+INDEX_RETRY_S = 1.0
 
 
 class RequestKind(enum.Enum):
@@ -119,6 +125,11 @@ class Writer:
         self._last_sync = now
         self._last_gc = now
         self._cp_position = (head.file_no, head.offset)
+        # The last index commit found no room on the disk: the store counts as full until a
+        # commit goes through (tried again every INDEX_RETRY_S).
+        self.index_no_space = False
+        self._index_retry_at = 0.0
+        self._index_full_since = 0.0
         self._thread = threading.Thread(target=self._run, name="sluice-journal", daemon=True)
 
     # -- called by the store (holding `lock` where noted) ------------------------------------------
@@ -270,6 +281,9 @@ class Writer:
         due = self._last_gc + self.config.gc_interval_s
         if self.state.updates or self.cursors:
             due = min(due, self._last_checkpoint + self.config.checkpoint_interval_s)
+        if self.index_no_space:
+            # Neither a checkpoint nor collection (which starts with one) before the retry.
+            due = self._index_retry_at
         if self.head.unsynced and self.config.sync is SyncPolicy.PERIODIC:
             due = min(due, self._last_sync + self.config.sync_interval_ms / 1000)
         return due
@@ -285,16 +299,27 @@ class Writer:
             and now - self._last_sync >= cfg.sync_interval_ms / 1000
         ):
             self._sync()
-        if self.state.updates and (
-            self.state.updates >= cfg.index_write_batch
-            or now - self._last_checkpoint >= cfg.checkpoint_interval_s
-        ):
+        if self.index_no_space:
+            due = now >= self._index_retry_at
+        else:
+            due = bool(self.state.updates) and (
+                self.state.updates >= cfg.index_write_batch
+                or now - self._last_checkpoint >= cfg.checkpoint_interval_s
+            )
+        if due:
             try:
                 self.checkpoint()
             except DiskFullError as exc:
-                # Nothing was written; the next turn tries again.
+                # Nothing was written, or the index was brought back (`_index_no_room`); the
+                # next turn tries again.
                 self._last_checkpoint = now
-                log.warning("journal checkpoint put off: %s", exc)
+                if not self.index_no_space:
+                    log.warning("journal checkpoint put off: %s", exc)
+            except (OSError, StoreError) as exc:
+                self._maintenance_failed("checkpoint", exc)
+                return
+        if self.index_no_space:
+            return  # collection starts with a checkpoint: it waits for the retry
         if now - self._last_gc >= cfg.gc_interval_s:
             self._last_gc = now
             try:
@@ -322,7 +347,8 @@ class Writer:
         a write cut short) fails the store: a sync that failed is never tried again as if the
         data before it were safe."""
         if isinstance(exc, DiskFullError | CorruptionError):
-            log.error("%s stopped: %s", what, exc)
+            if not (self.index_no_space and isinstance(exc, DiskFullError)):
+                log.error("%s stopped: %s", what, exc)  # else said once for the episode
             return
         log.error("%s failed; the store stops accepting writes: %s", what, exc)
         self._set_failed(exc)
@@ -547,7 +573,17 @@ class Writer:
             self._sync()
         self.state.file_seen(head.file_no, head.offset)
         self.state.flush(position)
-        self.state.index.commit(reopen=True)
+        try:
+            self.state.index.commit(reopen=True)
+        except DiskFullError as exc:
+            self._index_no_room(exc, position)
+            raise
+        if self.index_no_space:
+            self.index_no_space = False
+            log.info(
+                "journal: index checkpoint taken again after %.1f s without room",
+                time.monotonic() - self._index_full_since,
+            )
         cleanups, self._cleanups = self._cleanups, []
         with self.lock:
             self.overlay.drop(cleanups)
@@ -561,6 +597,23 @@ class Writer:
             with contextlib.suppress(DiskFullError):
                 self.write([marker])
         self._cp_position = (head.file_no, head.offset)
+
+    def _index_no_room(self, exc: DiskFullError, position: tuple[int, int]) -> None:
+        """The index commit found no room and LMDB dropped its transaction; the index on disk
+        is as the last checkpoint left it. Take the journal's records since then into a new
+        transaction and count the store as full until a commit goes through. Readers see no
+        change: they read the last commit and the overlay, whose cleanups wait for a commit."""
+        redo_since_commit(self.state, self.journal_dir, position)
+        now = time.monotonic()
+        self._index_retry_at = now + INDEX_RETRY_S
+        if not self.index_no_space:
+            self.index_no_space = True
+            self._index_full_since = now
+            log.warning(
+                "journal: index checkpoint put off: %s; the journal keeps what the index has "
+                "not taken yet, and the store counts as full until a checkpoint goes through",
+                exc,
+            )
 
     # -- collection --------------------------------------------------------------------------------
 
