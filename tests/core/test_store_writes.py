@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from failing_store import FailingStore
+from held_store import HeldStore
 from sluice.core.broker import FlowReason
 from sluice.core.connection import SubscribeOptions
 from sluice.core.message import AckMode
@@ -94,6 +95,32 @@ def test_a_failed_write_is_reported_and_its_message_withdrawn(concurrent: bool) 
     assert h.broker.counters["sends_refused_store_failed"] == 1
     assert _sent(h, producer, "/queue/q", b"memory only") == [None]
     assert link.bodies() == [b"kept", b"memory only"]
+
+
+def test_a_message_waiting_for_its_write_is_not_also_read_back_from_the_store() -> None:
+    """Concurrent store and dispatch off: a queue message waits in memory for its write, and the
+    journal shows it to a page read at once. A dispatch pass in between must not read a second
+    copy: that one would be delivered and acknowledged, and the first delivered again (not
+    marked redelivered) once the write completed."""
+    store = HeldStore(pages_to_disk=True)
+    h = Harness(store, store={"concurrent_store_and_dispatch_queues": False})
+    consumer, link = h.connect()
+    consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL)
+    producer, _ = h.connect()
+    h.send(producer, "/queue/q", b"first", persistent=True)
+    ((_, _, first_tag, _),) = link.take()
+    store.holding = True
+    h.send(producer, "/queue/q", b"second", persistent=True)
+    consumer.ack(first_tag)  # a dispatch pass while the write of "second" is in flight
+    h.loop.run()
+    deliveries = link.take()
+    for _, _, tag, _ in deliveries:
+        consumer.ack(tag)
+    store.release()
+    h.loop.run()
+    deliveries += link.take()
+    assert [(m.body, count) for _, m, _, count in deliveries] == [(b"second", 1)]
+    assert h.broker.destinations["/queue/q"].depth == 0
 
 
 def test_a_failed_topic_write_is_never_delivered() -> None:

@@ -4,6 +4,7 @@
 - `test_random_lives` (`--run-slow --sim-minutes M`): random seeds for M minutes, each life
   summarised; every failure shrunk and reported at the end.
 - `test_known_failure`: shrunk lives that find bugs not fixed yet (strict xfail).
+- `test_fixed_bug_stays_fixed`: shrunk lives that found bugs fixed since.
 - Tests of the simulation itself: damage it must notice, and shrinking.
 
 How to run and replay: docs/lifecycle-simulation.md.
@@ -43,8 +44,8 @@ DEFAULT_SEEDS = [1, 5, 7, 12, 14, 26, 33]
 @dataclass(frozen=True)
 class KnownFailure:
     """A shrunk life that finds a broker or store bug not fixed yet. It must keep failing with
-    `check` until the fix lands; then the strict xfail turns into an error, and the life, its
-    xfail dropped, stays as a regression test."""
+    `check` until the fix lands; then the strict xfail turns into an error, and the life moves
+    to `FIXED_BUGS`: a regression test that must pass (`check` and `bug` say what it found)."""
 
     name: str
     settings: Settings
@@ -54,15 +55,21 @@ class KnownFailure:
     needs_small_disk: bool = False
 
 
-KNOWN_FAILURES = [
+# Known failures whose bug was fixed: the same lives, which must now pass.
+FIXED_BUGS = [
     KnownFailure(
         "csd-off-redelivers-acked",
         Settings(csd_queues=False),
         (Crash("mixed", 144, seed=152314202),),
         "acked-redelivered",
-        "with concurrent_store_and_dispatch_queues=false a queue delivers messages a second "
-        "time (without redelivered:true), even after their ACK was receipted",
+        "with concurrent_store_and_dispatch_queues=false a queue message waiting for its write "
+        "was also read back from the store by a page read (Queue.accept kept it out of "
+        "_unwritten): delivered twice, the second time without redelivered:true, even after "
+        "its ACK was receipted",
     ),
+]
+
+KNOWN_FAILURES = [
     KnownFailure(
         "durable-cursor-ahead-after-restart",
         Settings(),
@@ -125,6 +132,18 @@ def test_known_failure(known: KnownFailure, tmp_path: Path) -> None:
     # Failing some other way means the harness or the bug changed: an error, not an xfail.
     assert failure.check == known.check, f"expected {known.check}, got {failure}"
     raise failure
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("fixed", [pytest.param(fixed, id=fixed.name) for fixed in FIXED_BUGS])
+def test_fixed_bug_stays_fixed(fixed: KnownFailure, tmp_path: Path) -> None:
+    if fixed.needs_small_disk and not small_disk_available():
+        pytest.skip("needs a tmpfs mount (root on Linux)")
+    try:
+        stats = run_life(1, tmp_path / "life", settings=fixed.settings, events=list(fixed.events))
+    except SimFailure as exc:
+        raise AssertionError(f"{fixed.name} is back ({fixed.bug}): {exc}") from None
+    assert stats.sent > 0
 
 
 @pytest.mark.crash
