@@ -4,14 +4,17 @@ bounded."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from failing_store import FailingStore
+from held_store import HeldStore
 from sluice.core.broker import FlowReason
 from sluice.core.connection import SubscribeOptions
 from sluice.core.message import AckMode
 from sluice.errors import LimitExceeded, StoreUnavailableError
-from sluice.store.api import WriteHandle
+from sluice.store.api import StoredMessage, WriteHandle
 
 from .fakes import Harness
 
@@ -94,6 +97,101 @@ def test_a_failed_write_is_reported_and_its_message_withdrawn(concurrent: bool) 
     assert h.broker.counters["sends_refused_store_failed"] == 1
     assert _sent(h, producer, "/queue/q", b"memory only") == [None]
     assert link.bodies() == [b"kept", b"memory only"]
+
+
+def test_a_message_waiting_for_its_write_is_not_also_read_back_from_the_store() -> None:
+    """Concurrent store and dispatch off: a queue message waits in memory for its write, and the
+    journal shows it to a page read at once. A dispatch pass in between must not read a second
+    copy: that one would be delivered and acknowledged, and the first delivered again (not
+    marked redelivered) once the write completed."""
+    store = HeldStore(pages_to_disk=True)
+    h = Harness(store, store={"concurrent_store_and_dispatch_queues": False})
+    consumer, link = h.connect()
+    consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL)
+    producer, _ = h.connect()
+    h.send(producer, "/queue/q", b"first", persistent=True)
+    ((_, _, first_tag, _),) = link.take()
+    store.holding = True
+    h.send(producer, "/queue/q", b"second", persistent=True)
+    consumer.ack(first_tag)  # a dispatch pass while the write of "second" is in flight
+    h.loop.run()
+    deliveries = link.take()
+    for _, _, tag, _ in deliveries:
+        consumer.ack(tag)
+    store.release()
+    h.loop.run()
+    deliveries += link.take()
+    assert [(m.body, count) for _, m, _, count in deliveries] == [(b"second", 1)]
+    assert h.broker.destinations["/queue/q"].depth == 0
+
+
+class _ClosableStore(HeldStore):
+    """A held, paging store that records whatever the broker asks of it after `close()` (the
+    journal's index is gone by then)."""
+
+    def __init__(self) -> None:
+        super().__init__(pages_to_disk=True)
+        self.closed = False
+        self.after_close: list[str] = []
+
+    def close(self) -> None:
+        self.closed = True
+        # The journal completes what it flushes at close: those completions come afterwards.
+        self.release()
+
+    def _touch(self, what: str) -> None:
+        if self.closed:
+            self.after_close.append(what)
+
+    def add(self, message: StoredMessage, on_complete: Any, txid: str | None = None) -> WriteHandle:
+        self._touch("add")
+        return super().add(message, on_complete, txid)
+
+    def remove(
+        self, destination: str, seq: int, on_complete: Any = None, txid: str | None = None
+    ) -> WriteHandle:
+        self._touch("remove")
+        return super().remove(destination, seq, on_complete, txid)
+
+    def load(
+        self, destination: str, after_seq: int, max_count: int, max_bytes: int
+    ) -> list[StoredMessage]:
+        self._touch(f"load {destination}")
+        return super().load(destination, after_seq, max_count, max_bytes)
+
+    def mark_dispatched(self, destination: str, seq: int) -> WriteHandle:
+        self._touch("mark_dispatched")
+        return super().mark_dispatched(destination, seq)
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_nothing_touches_the_store_after_the_broker_closed_it(concurrent: bool) -> None:
+    """At a stop, closing the connections dead-letters what they held past `max_redeliveries`.
+    What that leaves queued on the loop when the store is closed must not touch it: the queue's
+    dispatch pass (memory is free again: it would read its backlog back), the DLQ's writes
+    (with concurrent store and dispatch off, completed by the close's flush) and the passes
+    they set off."""
+    store = _ClosableStore()
+    h = Harness(
+        store,
+        policy={"max_redeliveries": 0},
+        limits={"destination_memory_limit_bytes": 250},
+        store={"concurrent_store_and_dispatch_queues": concurrent},
+    )
+    consumer, link = h.connect()
+    consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(prefetch=3))
+    producer, _ = h.connect()
+    for n in range(6):
+        h.send(producer, "/queue/q", b"%d" % n * 100, persistent=True)
+    assert len(link.take()) == 3  # the other three wait in the store alone
+    store.holding = True
+    h.broker.shutting_down = True
+    consumer.close()
+    producer.close()
+    assert h.broker.counters["dead_lettered"] == 3
+    h.broker.close()
+    h.loop.run()
+    assert store.after_close == []
 
 
 def test_a_failed_topic_write_is_never_delivered() -> None:

@@ -4,7 +4,7 @@
 - `test_random_lives` (`--run-slow --sim-minutes M`): random seeds for M minutes, each life
   summarised; every failure shrunk and reported at the end.
 - `test_known_failure`: shrunk lives that find bugs not fixed yet (strict xfail).
-- `test_regression`: shrunk lives that found bugs since fixed; they must pass.
+- `test_fixed_bug_stays_fixed`: shrunk lives that found bugs fixed since; they must pass.
 - Tests of the simulation itself: damage it must notice, and shrinking.
 
 How to run and replay: docs/lifecycle-simulation.md.
@@ -44,8 +44,8 @@ DEFAULT_SEEDS = [1, 5, 7, 12, 14, 26, 33]
 @dataclass(frozen=True)
 class KnownFailure:
     """A shrunk life that finds a broker or store bug not fixed yet. It must keep failing with
-    `check` until the fix lands; then the strict xfail turns into an error, and the life, its
-    xfail dropped, stays as a regression test."""
+    `check` until the fix lands; then the strict xfail turns into an error, and the life moves
+    to `FIXED_BUGS`: a regression test that must pass (`check` and `bug` say what it found)."""
 
     name: str
     settings: Settings
@@ -55,41 +55,41 @@ class KnownFailure:
     needs_small_disk: bool = False
 
 
-KNOWN_FAILURES = [
+# Known failures whose bug was fixed: the same lives, which must now pass.
+FIXED_BUGS = [
     KnownFailure(
         "csd-off-redelivers-acked",
         Settings(csd_queues=False),
         (Crash("mixed", 144, seed=152314202),),
         "acked-redelivered",
-        "with concurrent_store_and_dispatch_queues=false a queue delivers messages a second "
-        "time (without redelivered:true), even after their ACK was receipted",
+        "with concurrent_store_and_dispatch_queues=false a queue message waiting for its write "
+        "was also read back from the store by a page read (Queue.accept kept it out of "
+        "_unwritten): delivered twice, the second time without redelivered:true, even after "
+        "its ACK was receipted",
     ),
-]
-
-
-# Known failures whose bug is fixed: every one of these lives must pass from now on.
-REGRESSIONS = [
     KnownFailure(
         "durable-cursor-ahead-after-restart",
         Settings(),
         (Send("/topic/sim.t1", 10, True, 600), DurableCreate("d2"), Stop()),
         "not-delivered",
-        "a topic's sequence restarts from what the store holds: a durable subscription created "
-        "after unstored messages (or past non-persistent ones) has its cursor ahead of it and "
-        "misses what is published after a restart",
+        "a topic's sequence restarted from what the store held: a durable subscription created "
+        "after unstored messages (or past non-persistent ones) had its cursor ahead of it and "
+        "missed what was published after a restart (Topic.restore_durable now numbers on from "
+        "the cursor)",
     ),
     KnownFailure(
         "index-enospc-fails-store",
         Settings(small_disk=True, store_full="block"),
         (Send("/queue/sim.q0", 30, True, 600), DiskFull(0, 100, 32 * 1024, acks=20)),
         "disk-full-failed-store",
-        "a full disk is meant not to fail the store, but an index checkpoint that meets ENOSPC "
-        "(another process, or the temp store's preallocation, took the reserve) kills the "
-        "journal writer (lmdb.DiskError, logged with a traceback) and persistent sends are "
-        "refused until a restart",
+        "an index checkpoint that met ENOSPC (another process, or the temp store's "
+        "preallocation, took the reserve) killed the journal writer (lmdb.DiskError) and "
+        "persistent sends were refused until a restart; it is now a full disk, retried",
         needs_small_disk=True,
     ),
 ]
+
+KNOWN_FAILURES: list[KnownFailure] = []
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -134,11 +134,14 @@ def test_known_failure(known: KnownFailure, tmp_path: Path) -> None:
 
 
 @pytest.mark.crash
-@pytest.mark.parametrize("fixed", [pytest.param(f, id=f.name) for f in REGRESSIONS])
-def test_regression(fixed: KnownFailure, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fixed", [pytest.param(fixed, id=fixed.name) for fixed in FIXED_BUGS])
+def test_fixed_bug_stays_fixed(fixed: KnownFailure, tmp_path: Path) -> None:
     if fixed.needs_small_disk and not small_disk_available():
         pytest.skip("needs a tmpfs mount (root on Linux)")
-    stats = run_life(1, tmp_path / "life", settings=fixed.settings, events=list(fixed.events))
+    try:
+        stats = run_life(1, tmp_path / "life", settings=fixed.settings, events=list(fixed.events))
+    except SimFailure as exc:
+        raise AssertionError(f"{fixed.name} is back ({fixed.bug}): {exc}") from None
     assert stats.sent > 0
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 
 from conftest import RunningBroker, start_broker
+from held_store import HeldStore
 from rawstomp import RawStomp
 from sluice.server.flow import ReadPause
 from waiting import wait_until
 
-from .conftest import HeldStore, sessions
+from .conftest import sessions
 
 LIMIT = 4
 PAIRS = 10

@@ -195,6 +195,8 @@ class Broker:
         self.store_failure: str | None = None
         # The broker is stopping: connections it closes are not producers that died.
         self.shutting_down = False
+        # The stores are closed (`close`): nothing more runs against them.
+        self.closed = False
         self.recovery: Recovery | None = None
         self._sweep_timer: Cancellable | None = None
         self._sweep_interval_s = _sweep_interval_s(config)
@@ -258,11 +260,17 @@ class Broker:
         return recovery
 
     def close(self) -> None:
-        """Stop the timers and close the store (flushing what it has)."""
+        """Stop the timers and the destinations, then close the store (flushing what it has).
+        Nothing touches the stores after: work still queued on the loop (a dispatch pass, the
+        completions of the writes the close flushes, and what they would set off: a message
+        enqueued, a page read) is dropped. Every connection is closed by then: nobody waits."""
+        self.closed = True
         for timer in (self._sweep_timer, self._disk_timer):
             if timer is not None:
                 timer.cancel()
         self._sweep_timer = self._disk_timer = None
+        for destination in self.destinations.values():
+            destination.stop()
         self.store.close()
         if self.temp_store is not None:
             self.temp_store.close()
@@ -470,6 +478,9 @@ class Broker:
         with self._drain_lock:
             self._drain_scheduled = False
         completed = self._completed
+        if self.closed:
+            completed.clear()  # see `close`
+            return
         while completed:
             handle = completed.popleft()
             callback = handle.on_complete

@@ -112,19 +112,26 @@ class Destination:
         # Live streams sent here whose end has not come (see `idle_streams`).
         self.open_streams = OpenStreams()
         self._scheduled = False
+        self._stopped = False
         self._dispatch_cb = self._run_dispatch
 
     # -- dispatch scheduling --------------------------------------------------------------------
 
     def wakeup(self) -> None:
         """Ask for a dispatch pass on the next turn of the loop (coalesced)."""
-        if not self._scheduled:
+        if not self._scheduled and not self._stopped:
             self._scheduled = True
             self.services.call_soon(self._dispatch_cb)
 
+    def stop(self) -> None:
+        """The broker is closing its store: no dispatch pass runs from now on, not even one
+        already scheduled (a pass reads the store)."""
+        self._stopped = True
+
     def _run_dispatch(self) -> None:
         self._scheduled = False
-        self.dispatch()
+        if not self._stopped:
+            self.dispatch()
 
     def dispatch(self) -> None:
         """Hand messages to subscriptions with credit."""

@@ -11,7 +11,9 @@ Paging: when the store keeps messages on disk, the queue holds only a window of 
 Once the destination is over its memory limit, new persistent messages stay in the store alone, and
 as consumers drain `pending`, the next page is read back (`_page_in`), at most what fits under the
 limit. `loaded_seq` is the highest sequence brought into memory; everything above it waits in the
-store.
+store. A page never reaches a sequence whose write has not completed (`_unwritten`): the store
+shows a write at once, and a message kept in memory until its write completes (concurrent store
+and dispatch off) would otherwise enter `pending` twice.
 
 Evicted messages (`paging.Evicted`): what memory holds must be what consumers can take. A stored
 message whose group nobody can take now (every consumer holds its `x-max-open-groups`), or that
@@ -153,8 +155,8 @@ class Queue(QueuePaging):
         self.temp_store = services.temp_store
         self.store_pages = store_pages
         self.loaded_seq = 0
-        # Sequences of messages left in the store alone whose write has not completed yet: they
-        # cannot be read back before it does.
+        # Sequences whose write has not completed yet, of messages left in the store alone (read
+        # back after it) or kept in memory until it does (enqueued then): not read before.
         self._unwritten: deque[int] = deque()
         self.marks = DispatchMarks(services.store, name, self.wakeup, on=store_pages)
         # Recovered messages up to this sequence may have been delivered before the stop.
@@ -211,8 +213,12 @@ class Queue(QueuePaging):
             self._enqueue(message)
             self.store.add(message, on_stored)
         else:
+            # Enqueued once written; until then a page read must not take it from the store.
+            seq = message.seq
+            self._unwritten.append(seq)
 
             def stored(handle: WriteHandle) -> None:
+                self._written(seq)
                 self._enqueue(message)
                 on_stored(handle)
 
