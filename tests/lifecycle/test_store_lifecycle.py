@@ -420,6 +420,21 @@ FIXED_FAILING_CASES = [
         "crash tearing one of those appends left damage that is not at the tail of the newest "
         "file, and the start stopped on it (CorruptionError in the middle of db-1.log)",
     ),
+    (
+        3612451224,
+        [
+            "stream#44 d=3 n=5 size=6413",
+            "ack-range#54 d=3 pick=0.805",
+            "stream#62 d=2 n=4 size=4359",
+            "fault#69 pick=0.253 opt=4 after=3",
+            "crash#70 opt=3 after=40",
+            "gc#71",
+        ],
+        "exception",
+        "a harness bug: FaultFS.sync kept a failed fsync of journal/ (after archiving) among the "
+        "paths whose unsynced bytes a power loss drops, and the crash image then opened the "
+        "directory for writing (IsADirectoryError)",
+    ),
 ]
 
 
