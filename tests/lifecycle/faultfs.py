@@ -294,7 +294,7 @@ class FaultFS:
         for table in (self._volatile, self._poisoned):
             for path, undos in table.items():
                 target = self._in_image(path)
-                if target is None or not target.exists():
+                if target is None or not target.is_file():
                     continue
                 fd = os.open(target, os.O_RDWR)
                 try:
@@ -477,8 +477,11 @@ class FaultFS:
                 raise SimulatedCrash
             if fault is not None and fault.kind in (FaultKind.EIO, FaultKind.ENOSPC):
                 self._note(fault, call, path)
+                # Power loss then takes the file's unsynced bytes. A directory (`journal/` after
+                # a rename) has none: its entries are taken as durable.
                 lost = self._volatile.pop(path, [])
-                self._poisoned.setdefault(path, []).extend(lost)
+                if lost:
+                    self._poisoned.setdefault(path, []).extend(lost)
                 raise _error(fault.kind, path)
         getattr(os, call)(fd)
         with self._lock:

@@ -148,6 +148,22 @@ def test_bytes_a_failed_sync_covered_stay_lost_after_a_later_sync(fs: FaultFS) -
     assert image_bytes(fs, path) == b"kept"
 
 
+def test_power_loss_after_a_failed_directory_sync_images_the_files(fs: FaultFS) -> None:
+    """Seed 3612451224: a failed fsync of `journal/` (after an archive's rename) was kept as a
+    path whose bytes a power loss drops, and taking the image opened the directory to write."""
+    fd, path = journal_file(fs)
+    files.write_all(fd, [b"kept"], 0)
+    fs.proxy.fdatasync(fd)
+    fs.arm_fault(Fault(FaultKind.EIO, Target.SYNC))
+    with pytest.raises(OSError):
+        files.fsync_dir(fs.root / "journal")
+    fs.arm_crash(CrashPlan(after=1_000, power=True))
+    fs.crash_now()
+    fs.revive()
+    fs.proxy.close(fd)
+    assert image_bytes(fs, path) == b"kept"
+
+
 def test_a_full_disk_writes_what_fits_then_refuses(fs: FaultFS) -> None:
     fd, path = journal_file(fs)
     files.write_all(fd, [b"z" * 100], 0)

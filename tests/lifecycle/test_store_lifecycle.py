@@ -405,6 +405,36 @@ FIXED_FAILING_CASES = [
         "a transacted ack of a message that compaction moves before the commit: the ack's file "
         "and the copy's file depend on each other (FileInfo.deps) and neither is ever collected",
     ),
+    (
+        1729680961,
+        [
+            "send#2 d=1 n=3 size=75 pick=0.535 opt=2",
+            "fault#3 pick=0.177 opt=5 after=2",
+            "send#4 n=3 size=5130 pick=0.319 opt=2",
+            "crash#8 opt=1 after=1",
+            "send#9 n=3 size=584 pick=0.412 opt=2",
+        ],
+        "open",
+        "HeadFile.rollover renamed the spare to db-2.log, then opening it failed with ENOSPC: the "
+        "batch was refused and the store went on appending to db-1.log behind a newer file; a "
+        "crash tearing one of those appends left damage that is not at the tail of the newest "
+        "file, and the start stopped on it (CorruptionError in the middle of db-1.log)",
+    ),
+    (
+        3612451224,
+        [
+            "stream#44 d=3 n=5 size=6413",
+            "ack-range#54 d=3 pick=0.805",
+            "stream#62 d=2 n=4 size=4359",
+            "fault#69 pick=0.253 opt=4 after=3",
+            "crash#70 opt=3 after=40",
+            "gc#71",
+        ],
+        "exception",
+        "a harness bug: FaultFS.sync kept a failed fsync of journal/ (after archiving) among the "
+        "paths whose unsynced bytes a power loss drops, and the crash image then opened the "
+        "directory for writing (IsADirectoryError)",
+    ),
 ]
 
 

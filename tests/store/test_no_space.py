@@ -185,6 +185,47 @@ def test_a_refused_batch_that_cannot_simply_fail_fails_the_store(
     assert seqs(journal(h), Q) == list(range(1, seq))
 
 
+def test_a_rollover_that_fails_once_the_next_file_is_named_fails_the_store(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the lifecycle simulation (seed 1729680961). The spare was renamed to the next
+    data file, then syncing the directory (or opening the file) failed with ENOSPC: the batch
+    was refused as if nothing had changed and the store went on appending to the old head,
+    behind a newer file. A crash tearing one of those appends left damage in a file that is no
+    longer the newest, which recovery may not cut off: the next start stopped on it."""
+    h = make_journal(gc_interval_s=3600)
+    h.open()
+    s = journal(h)
+    seq = _fill_head(h, 1)
+    head_no, offset = s.head_position
+    # Leave the head less room than one more BODY: the next batch goes to the next file only.
+    h.track(s.add(msg(Q, seq, b"f" * ((1 << 20) - offset - 4096)), None))
+    h.settle()
+    seq += 1
+    assert s.head_position[0] == head_no
+    old_head = files.file_path(s.journal_dir, head_no)
+    sealed = old_head.read_bytes()
+    real_fsync_dir = files.fsync_dir
+    monkeypatch.setattr(files, "fsync_dir", _no_space)
+    with s.writes_paused():
+        rolled = h.track(s.add(msg(Q, seq, BODY), None))
+    h.settle()
+    monkeypatch.setattr(files, "fsync_dir", real_fsync_dir)
+    assert rolled.state is WriteState.FAILED
+    assert not isinstance(rolled.error, DiskFullError)
+    assert files.file_path(s.journal_dir, head_no + 1).exists()
+    assert s.stats().write_errors == 1
+    # A small record fits in the old head, but that file is sealed: nothing more goes there.
+    small = h.track(s.add(msg(Q, seq + 1), None))
+    h.settle()
+    assert small.state is WriteState.FAILED
+    assert old_head.read_bytes() == sealed
+    h.reopen()
+    s = journal(h)
+    assert seqs(s, Q) == list(range(1, seq))
+    assert s.head_position[0] == head_no + 1
+
+
 def test_waits_on_a_failed_writer_end_at_once(
     make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,7 +17,9 @@ recovery re-initialises.
 A full disk: a file is only started when the filesystem reports room for all of it, and its space
 is claimed with `posix_fallocate` before the zeros go in, so running out shows at once as
 `DiskFullError` and never as a half-written file (a partial one is deleted). The head file stays
-the head until its successor is complete and open, so a failed rollover changes nothing. A data
+the head until its successor is complete and open, so a rollover that fails before its successor
+has a name changes nothing; once the name is there, the head file is sealed and a failure fails
+the store (the newest file is the only one recovery may cut a torn tail off). A data
 file that could not be prepared ahead is tried again after `PREPARE_RETRY_S`, never in a loop.
 """
 
@@ -431,13 +433,18 @@ class HeadFile:
     def rollover(self) -> int:
         """Seal the head file and start the next one; returns the new file number.
 
-        The head changes only once the next file is complete and open: when that fails
-        (`DiskFullError` for a lack of space) the head is as it was."""
+        The head changes only once the next file is complete and open. A failure before the
+        next file has its name (`DiskFullError` for a lack of space) leaves the head as it was;
+        one after (syncing the directory, opening the file) is a `StoreIOError` whatever its
+        cause, as the head must take no more records: recovery takes the newest file for the
+        only one whose tail may be torn, so a record torn in this one would stop the next
+        start."""
         if self.sync_on_rollover:
             self.sync()
         next_no = self.file_no + 1
         target = file_path(self.journal_dir, next_no)
         prealloc = self._prealloc
+        named = False
         try:
             if prealloc is not None:
                 prealloc.ensure(next_no)
@@ -447,10 +454,15 @@ class HeadFile:
                 create_file(
                     target, next_no, self.store_id, self.file_bytes, sync=self.sync_on_rollover
                 )
+            named = True
             if self.sync_on_rollover:
                 fsync_dir(self.journal_dir)
             fd = os.open(target, os.O_RDWR)
         except OSError as exc:
+            if named or os.path.lexists(target):
+                raise StoreIOError(
+                    "starting a data file", exc.strerror or str(exc), str(target)
+                ) from exc
             raise io_error("starting a data file", exc, target) from exc
         os.close(self.fd)
         self.fd = fd
