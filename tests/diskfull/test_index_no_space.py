@@ -150,3 +150,30 @@ def test_an_index_commit_that_meets_an_io_error_fails_the_store(
     assert refused.state is WriteState.FAILED
     h.reopen()
     assert _seqs(_journal(h)) == list(range(1, 11))
+
+
+def test_an_index_commit_cut_short_on_a_full_disk_is_a_full_disk(
+    small_fs: Callable[..., Path],
+) -> None:
+    """LMDB reports a page write the disk cut short as EIO: on a filesystem with nothing free,
+    that is the full disk, put off like ENOSPC, not a failed store."""
+    mount = small_fs(8)
+    h = _store(mount / "data")
+    h.open()
+    s = _journal(h)
+    _add_many(h, 1, 10)
+    ballast = _fill(mount)
+    index = s._index  # the error is injected into the index's write transaction
+    assert index is not None
+    with s.writes_paused():
+        index.txn = _FailingCommit(index.txn)
+    with pytest.raises(DiskFullError, match="committing the index"):
+        s.checkpoint()
+    stats = s.stats()
+    assert stats.write_errors == 0
+    assert stats.no_space
+    ballast.unlink()
+    s.checkpoint()
+    assert not s.stats().no_space
+    h.reopen()
+    assert _seqs(_journal(h)) == list(range(1, 11))

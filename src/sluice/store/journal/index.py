@@ -43,6 +43,7 @@ from typing import Any
 import lmdb
 
 from sluice.errors import DiskFullError, StoreIOError
+from sluice.store.journal import files
 from sluice.store.journal import format as fmt
 from sluice.store.journal.indexcodec import (
     MSG_VALUE,
@@ -68,6 +69,9 @@ _DBS = (b"meta", b"msgs", b"rev", b"tx", b"dests", b"subs", b"dedup", b"files")
 DIGESTED = _DBS[1:]
 _DIGEST = struct.Struct("<" + "QQ" * len(DIGESTED))
 _MASK64 = (1 << 64) - 1
+# A commit that fails with less than this free on the index's filesystem met a full disk.
+FULL_DISK_SLACK_BYTES = 1 << 20
+
 _MSG_KEY_BYTES = 24
 _REV_KEY_BYTES = 28
 # The largest record the index may point at.
@@ -360,13 +364,21 @@ class Index:
             self.txn = None
             self.counts, self.sums = (dict(d) for d in self._committed)
             path = str(_data_file(self.dir))
-            if isinstance(exc, lmdb.DiskError):
+            if isinstance(exc, lmdb.DiskError) or self._short_of_space():
                 raise DiskFullError(
                     "committing the index", os.strerror(errno.ENOSPC), path
                 ) from exc
             raise StoreIOError("committing the index", str(exc), path) from exc
         self._committed = (dict(self.counts), dict(self.sums))
         self.txn = self.env.begin(write=True) if reopen else None
+
+    def _short_of_space(self) -> bool:
+        """Whether the index's filesystem is (next to) full. LMDB reports a page write that the
+        disk cut short as EIO, not ENOSPC: on a full disk that is what a commit meets."""
+        try:
+            return files.free_bytes(self.dir) < FULL_DISK_SLACK_BYTES
+        except OSError:
+            return False
 
     def abort(self) -> None:
         """Drop the write transaction."""
