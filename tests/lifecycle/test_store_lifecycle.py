@@ -35,10 +35,8 @@ from .sim_events import Event, Kind, generate
 from .sim_harness import Known, StoreKind
 from .store_sim import run_life, shrink, simulate
 
-# Journal seeds that fail on store bugs not fixed yet (`FAILING_CASES` below), among 1-2400.
-# Journal seeds among 1-800 that fail on a store bug not fixed yet: a drained store keeps three
-# data files after three collections (an old file held by what depends on newer ones).
-FAILING_JOURNAL_SEEDS = {559, 748}
+# Journal seeds among 1-800 that fail on a store bug not fixed yet (none now).
+FAILING_JOURNAL_SEEDS: set[int] = set()
 JOURNAL_SEEDS = [seed for seed in range(1, 401) if seed not in FAILING_JOURNAL_SEEDS]
 JOURNAL_CHUNKS = 10
 MEMORY_SEEDS = range(1, 1001)
@@ -404,6 +402,66 @@ FIXED_FAILING_CASES = [
         "disk",
         "a transacted ack of a message that compaction moves before the commit: the ack's file "
         "and the copy's file depend on each other (FileInfo.deps) and neither is ever collected",
+    ),
+    (
+        2307112017,
+        [
+            "send#1 d=3 n=2 size=258 pick=0.906 opt=6",
+            "send#4 d=2 n=2 size=356 pick=0.785 opt=3",
+            "send#5 n=3 size=442 pick=0.959",
+            "send#7 d=3 n=4 size=389 pick=0.744 opt=2",
+            "send#8 d=2 n=4 size=2867 pick=0.833 opt=1",
+            "send-ack#12 n=1 size=235 pick=0.952 opt=6",
+            "send#14 n=1 size=391 pick=0.269 opt=1",
+            "dlq#15 pick=0.522",
+            "send#16 n=1 size=1296 pick=0.496",
+            "send#27 d=1 n=4 size=259 pick=0.153 opt=2",
+            "ack#29 d=1 n=3 pick=0.91",
+            "send-ack#30 d=3 n=3 size=1907 pick=0.324",
+            "dlq#31 d=1 pick=0.681 opt=1",
+            "send#37 d=1 n=4 size=372 pick=0.851 opt=1",
+            "stream#39 d=2 n=4 size=7191",
+            "send#49 d=1 n=2 size=507 pick=0.501 opt=4",
+            "sub-put#51 d=1 n=4 slot=1",
+            "ack#52 d=2 n=3 pick=0.554",
+            "tx-send#53 d=2 n=2 size=4281 slot=1",
+            "send#54 d=2 n=4 size=3885 pick=0.384",
+            "restart#57",
+            "send#58 d=1 n=2 size=266 pick=0.061 opt=2",
+            "send#59 d=1 n=4 size=2102 pick=0.402",
+            "tx-send#65 d=3 n=2 size=515 slot=1",
+            "send#66 d=1 n=4 size=210 pick=0.549 opt=4",
+            "stream#67 d=2 n=2 size=2589",
+            "send#69 d=3 n=2 size=4195 pick=0.066 opt=2",
+            "tx-send#70 n=1 size=479",
+        ],
+        "disk",
+        "a drained store kept a chain of old files, each holding an ack of a message in the one "
+        "before: compaction_targets skipped a file while the file it depends on was still there, "
+        "even when that file was compacted and deleted in the same collection, so each "
+        "collection freed one file of the chain (seeds 559 and 748 too)",
+    ),
+    (
+        1538911728,
+        [
+            "send-ack#1 d=1 n=1 size=33786 pick=0.951",
+            "tx-ack#6 d=1 pick=0.624 slot=1",
+            "send#12 d=3 n=3 size=595 pick=0.711 opt=6",
+            "send#13 d=1 n=1 size=5727 pick=0.134 opt=6",
+            "send#16 d=3 n=3 size=291 pick=0.214 opt=2",
+            "send#17 d=2 n=2 size=2165 pick=0.021 opt=2",
+            "delete-dest#20 d=1 pick=0.218",
+            "tx-send#21 d=2 n=2 size=4940 slot=1 opt=2",
+            "send#23 d=1 n=3 size=434 pick=0.714 opt=2",
+            "tx-commit#26 slot=1",
+            "ack-range#39 d=2 pick=0.991",
+            "send-ack#44 d=3 n=3 size=38646 pick=0.309",
+        ],
+        "disk",
+        "a transacted ack of a message whose destination was deleted and created again before "
+        "the commit removed the new message of the same sequence, and tied the ack's file to the "
+        "new message's file, which held an ack of the old file's messages: neither was ever "
+        "collected; a delete now drops open transactions' removes of its messages",
     ),
 ]
 

@@ -578,6 +578,7 @@ class JournalState:
         if info is None:
             return
         self._remove_range(name, _MAX_SEQ, file_no)
+        self._drop_tx_removes(name, file_no)
         for pin in (info.seq_pin, info.mark_pin):
             if pin:
                 self._unpin(pin)
@@ -588,6 +589,29 @@ class JournalState:
         self._add_deps(file_no, info.files)
         del self.dests[name]
         self._dirty_dests.add(name)
+
+    def _drop_tx_removes(self, name: str, file_no: int) -> None:
+        """Open transactions' removes of a deleted destination's messages acknowledge nothing
+        any more: a commit must not take a message of the destination created again under the
+        same sequence. The delete's file outlives the dropped records: a rebuild that saw them
+        without it would apply them at the commit."""
+        cur = self.index.txn.cursor(db=self._db[b"tx"])
+        if not cur.first():
+            return
+        while True:
+            key = cur.key()
+            if not key:
+                break
+            if key[8:9] == _TX_REMOVE:
+                _seq, rfile, dest = decode_tx_remove(cur.value())
+                if dest == name:
+                    self._tx_unpin(rfile)
+                    self._add_deps(file_no, (rfile,))
+                    if not self.index.delete_at(b"tx", cur):
+                        break
+                    continue
+            if not cur.next():
+                break
 
     def _dest_state(self, record: fmt.DestState, file_no: int) -> None:
         info = self._dest(record.destination)
