@@ -463,6 +463,129 @@ FIXED_FAILING_CASES = [
         "new message's file, which held an ack of the old file's messages: neither was ever "
         "collected; a delete now drops open transactions' removes of its messages",
     ),
+    (
+        2127822068,
+        [
+            "disk-full#7 n=2",
+            "send-ack#8 d=3 n=3 size=206 pick=0.007",
+            "send#24 d=1 n=1 size=39214 pick=0.009",
+            "restart#34",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
+    ),
+    (
+        2407397000,
+        [
+            "disk-full#8 n=1",
+            "send#9 d=1 n=2 size=251 pick=0.43 opt=2",
+            "send#15 d=2 n=2 size=56640 pick=0.931",
+            "send-ack#17 d=1 n=4 size=228 pick=0.467",
+            "restart#19",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
+    ),
+    (
+        2945052868,
+        [
+            "send#3 d=1 n=2 size=492 pick=0.312 opt=2",
+            "send#12 d=1 n=3 size=5608 pick=0.792",
+            "send#16 d=2 n=3 size=382 pick=0.979 opt=1",
+            "ack#19 d=1 n=2 pick=0.864",
+            "disk-full#20 n=1",
+            "send-ack#21 d=1 n=4 size=547 pick=0.855 opt=2",
+            "sub-put#22 n=4 slot=2",
+            "sub-put#24 d=1 slot=1",
+            "tx-send#32 n=3 size=3220 slot=1",
+            "ack#33 d=1 n=2 pick=0.147",
+            "send#42 d=3 n=4 size=318 pick=0.551",
+            "crash#45 opt=1 after=5",
+            "send#46 d=1 n=1 size=3556 pick=0.481",
+            "gc#47",
+            "send#48 n=3 size=170 pick=0.919 opt=1",
+            "dlq#51 pick=0.139",
+            "send#52 n=2 size=1533 pick=0.098 opt=6",
+            "tx-ack#53 d=1 pick=0.385",
+            "disk-full#54 n=3",
+            "ack#55 d=2 n=2 pick=0.57",
+            "send-ack#58 d=2 n=2 size=508 pick=0.945",
+            "send#59 n=1 size=5294 pick=0.577 opt=2",
+            "send#61 n=4 size=275 pick=0.433 opt=4",
+            "send#63 d=1 n=2 size=66 pick=0.407 opt=2",
+            "sub-delete#64 d=1 n=3 slot=2",
+            "send#65 d=3 n=4 size=356 pick=0.768 opt=7",
+            "send-ack#67 n=2 size=87 pick=0.284",
+            "restart#71",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
+    ),
+    (
+        3547334020,
+        [
+            "send#32 d=3 n=3 size=189 pick=0.456 opt=2",
+            "disk-full#33 n=1",
+            "send-ack#40 n=3 size=16740 pick=0.523",
+            "verify#41",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
+    ),
+    (
+        4202105186,
+        [
+            "mark#0 d=3 pick=0.643",
+            "send-ack#3 d=1 n=3 size=4101 pick=0.281",
+            "send#33 d=2 n=3 size=1467 pick=0.585",
+            "disk-full#34 n=4",
+            "tx-send#37 d=1 n=3 size=4942 slot=1 opt=4",
+            "send#39 d=1 n=2 size=563 pick=0.638 opt=2",
+            "ack#40 d=2 n=3 pick=0.609",
+            "delete-dest#41 d=2 pick=0.884",
+            "sub-cursor#42 n=5 slot=2",
+            "tx-send#43 d=3 n=24 size=3856 opt=2",
+            "restart#44",
+            "send#45 d=2 n=4 size=3176 pick=0.093 opt=2",
+            "checkpoint#49",
+            "ack#52 d=2 n=3 pick=0.345",
+            "gc#58",
+            "send-ack#62 d=3 n=4 size=2243 pick=0.259 opt=1",
+            "restart#63",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
+    ),
+    (
+        4221610490,
+        [
+            "send#6 d=2 n=1 size=34 pick=0.653 opt=4",
+            "disk-full#14 n=6",
+            "send#18 d=3 n=2 size=19621 pick=0.67",
+            "send-ack#21 d=2 n=3 size=254 pick=0.104",
+            "verify#23",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
+    ),
 ]
 
 

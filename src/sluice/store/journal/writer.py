@@ -535,11 +535,13 @@ class Writer:
         if seq_ops:
             try:
                 self.write(seq_ops)
-            except DiskFullError:
-                for record in seq_records:
-                    self.state.note_cancelled(record.destination, record.seq)
-                raise
-            self._apply(seq_ops)
+            except DiskFullError as exc:
+                # Nothing was written; the index commit below holds them until there is room
+                # (a close on a full disk must not let them be handed out again).
+                log.info("journal: last sequences held in the index for now: %s", exc)
+                self.state.hold_seqs(seq_records)
+            else:
+                self._apply(seq_ops)
         position = (head.file_no, head.offset)
         if position == self._cp_position and not self.state.dirty:
             return
