@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 
 import pytest
@@ -10,6 +11,9 @@ import pytest
 from sluice.config import MiB, StoreFullPolicy
 from sluice.core.disk import DiskBudget
 from sluice.store.api import StoreStats
+from sluice.store.memory import MemoryStore
+
+from .fakes import Harness
 
 FILE = 4 * MiB
 RESERVE = 8 * MiB
@@ -111,3 +115,38 @@ def test_a_store_without_a_disk_is_never_full() -> None:
     budget.measure(StoreStats(), now=0.0)
     budget.note_accepted(10 * MiB)
     assert not budget.is_full(0.1)
+
+
+class _DiskStore(MemoryStore):
+    """A memory store that reports the disk a test sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.free = 100 * MiB
+
+    def stats(self) -> StoreStats:
+        stats = dataclasses.replace(super().stats())
+        stats.disk_free_bytes = self.free
+        return stats
+
+
+def test_the_broker_measures_again_before_it_calls_the_store_full() -> None:
+    """Between two measures the broker estimates the room left from what it accepted. When the
+    estimate runs out it measures again: space that came back since the last measure (a file
+    deleted by someone else) is found, and no producer is held or refused for a full disk."""
+    store = _DiskStore()
+    h = Harness(message_store=store)
+    broker = h.broker
+    reserve = broker.store_disk.reserve_bytes
+    store.free = reserve + MiB  # room: 1 MiB
+    broker._measure_disks()
+    assert not broker.disk_full(persistent=True)
+    broker.store_disk.note_accepted(2 * MiB)  # more than the last measure's room
+    store.free = reserve + 100 * MiB  # and the disk has room again, unmeasured yet
+    assert not broker.disk_full(persistent=True)
+    assert broker.store_disk.episodes == 0
+    # A disk that really is full still starts an episode at once.
+    store.free = reserve - MiB
+    broker.store_disk.note_accepted(200 * MiB)
+    assert broker.disk_full(persistent=True)
+    assert broker.store_disk.episodes == 1

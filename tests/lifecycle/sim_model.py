@@ -251,7 +251,9 @@ class Model:
             dm.marks.add(seq)
 
     def delete_dest(self, dest: str, state: Outcome) -> None:
-        """A delete_destination finished."""
+        """A delete_destination finished (open transactions forget their removes of it)."""
+        for tx in self.txs.values():
+            tx.removes = [(name, seq) for name, seq in tx.removes if name != dest]
         dm = self.dests[dest]
         if state is Outcome.WRITTEN:
             gone = dict(dm.gone)

@@ -26,9 +26,11 @@ from lifecycle.process_events import (
     DiskFull,
     DurableCreate,
     Event,
+    Restart,
     Send,
     Settings,
     Stop,
+    Transaction,
     WaitGc,
 )
 from lifecycle.process_io import small_disk_available
@@ -85,6 +87,34 @@ FIXED_BUGS = [
         "an index checkpoint that met ENOSPC (another process, or the temp store's "
         "preallocation, took the reserve) killed the journal writer (lmdb.DiskError) and "
         "persistent sends were refused until a restart; it is now a full disk, retried",
+        needs_small_disk=True,
+    ),
+    KnownFailure(
+        "index-short-write-fails-store",
+        Settings(
+            gc_interval_s=1.0,
+            index_write_batch=1000,
+            sync="periodic",
+            csd_queues=False,
+            verify_journal="after_checkpoint",
+            small_disk=True,
+        ),
+        (
+            Transaction(
+                ("/topic/sim.t1", "/queue/sim.q2"),
+                2,
+                12288,
+                "/queue/sim.q2",
+                0,
+                dedup=True,
+                outcome="commit",
+                restart=Restart(tool="verify"),
+            ),
+            DiskFull(0, 51, 4096, acks=20),
+        ),
+        "disk-full-failed-store",
+        "an index commit on a full disk that LMDB reported as EIO (a page write cut short) "
+        "failed the store; on a filesystem with next to nothing free it is a full disk",
         needs_small_disk=True,
     ),
 ]

@@ -35,10 +35,8 @@ from .sim_events import Event, Kind, generate
 from .sim_harness import Known, StoreKind
 from .store_sim import run_life, shrink, simulate
 
-# Journal seeds that fail on store bugs not fixed yet (`FAILING_CASES` below), among 1-2400.
-# Journal seeds among 1-800 that fail on a store bug not fixed yet: a drained store keeps three
-# data files after three collections (an old file held by what depends on newer ones).
-FAILING_JOURNAL_SEEDS = {559, 748}
+# Journal seeds among 1-800 that fail on a store bug not fixed yet (none now).
+FAILING_JOURNAL_SEEDS: set[int] = set()
 JOURNAL_SEEDS = [seed for seed in range(1, 401) if seed not in FAILING_JOURNAL_SEEDS]
 JOURNAL_CHUNKS = 10
 MEMORY_SEEDS = range(1, 1001)
@@ -434,6 +432,189 @@ FIXED_FAILING_CASES = [
         "a harness bug: FaultFS.sync kept a failed fsync of journal/ (after archiving) among the "
         "paths whose unsynced bytes a power loss drops, and the crash image then opened the "
         "directory for writing (IsADirectoryError)",
+    ),
+    (
+        2307112017,
+        [
+            "send#1 d=3 n=2 size=258 pick=0.906 opt=6",
+            "send#4 d=2 n=2 size=356 pick=0.785 opt=3",
+            "send#5 n=3 size=442 pick=0.959",
+            "send#7 d=3 n=4 size=389 pick=0.744 opt=2",
+            "send#8 d=2 n=4 size=2867 pick=0.833 opt=1",
+            "send-ack#12 n=1 size=235 pick=0.952 opt=6",
+            "send#14 n=1 size=391 pick=0.269 opt=1",
+            "dlq#15 pick=0.522",
+            "send#16 n=1 size=1296 pick=0.496",
+            "send#27 d=1 n=4 size=259 pick=0.153 opt=2",
+            "ack#29 d=1 n=3 pick=0.91",
+            "send-ack#30 d=3 n=3 size=1907 pick=0.324",
+            "dlq#31 d=1 pick=0.681 opt=1",
+            "send#37 d=1 n=4 size=372 pick=0.851 opt=1",
+            "stream#39 d=2 n=4 size=7191",
+            "send#49 d=1 n=2 size=507 pick=0.501 opt=4",
+            "sub-put#51 d=1 n=4 slot=1",
+            "ack#52 d=2 n=3 pick=0.554",
+            "tx-send#53 d=2 n=2 size=4281 slot=1",
+            "send#54 d=2 n=4 size=3885 pick=0.384",
+            "restart#57",
+            "send#58 d=1 n=2 size=266 pick=0.061 opt=2",
+            "send#59 d=1 n=4 size=2102 pick=0.402",
+            "tx-send#65 d=3 n=2 size=515 slot=1",
+            "send#66 d=1 n=4 size=210 pick=0.549 opt=4",
+            "stream#67 d=2 n=2 size=2589",
+            "send#69 d=3 n=2 size=4195 pick=0.066 opt=2",
+            "tx-send#70 n=1 size=479",
+        ],
+        "disk",
+        "a drained store kept a chain of old files, each holding an ack of a message in the one "
+        "before: compaction_targets skipped a file while the file it depends on was still there, "
+        "even when that file was compacted and deleted in the same collection, so each "
+        "collection freed one file of the chain (seeds 559 and 748 too)",
+    ),
+    (
+        1538911728,
+        [
+            "send-ack#1 d=1 n=1 size=33786 pick=0.951",
+            "tx-ack#6 d=1 pick=0.624 slot=1",
+            "send#12 d=3 n=3 size=595 pick=0.711 opt=6",
+            "send#13 d=1 n=1 size=5727 pick=0.134 opt=6",
+            "send#16 d=3 n=3 size=291 pick=0.214 opt=2",
+            "send#17 d=2 n=2 size=2165 pick=0.021 opt=2",
+            "delete-dest#20 d=1 pick=0.218",
+            "tx-send#21 d=2 n=2 size=4940 slot=1 opt=2",
+            "send#23 d=1 n=3 size=434 pick=0.714 opt=2",
+            "tx-commit#26 slot=1",
+            "ack-range#39 d=2 pick=0.991",
+            "send-ack#44 d=3 n=3 size=38646 pick=0.309",
+        ],
+        "disk",
+        "a transacted ack of a message whose destination was deleted and created again before "
+        "the commit removed the new message of the same sequence, and tied the ack's file to the "
+        "new message's file, which held an ack of the old file's messages: neither was ever "
+        "collected; a delete now drops open transactions' removes of its messages",
+    ),
+    (
+        2127822068,
+        [
+            "disk-full#7 n=2",
+            "send-ack#8 d=3 n=3 size=206 pick=0.007",
+            "send#24 d=1 n=1 size=39214 pick=0.009",
+            "restart#34",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
+    ),
+    (
+        2407397000,
+        [
+            "disk-full#8 n=1",
+            "send#9 d=1 n=2 size=251 pick=0.43 opt=2",
+            "send#15 d=2 n=2 size=56640 pick=0.931",
+            "send-ack#17 d=1 n=4 size=228 pick=0.467",
+            "restart#19",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
+    ),
+    (
+        2945052868,
+        [
+            "send#3 d=1 n=2 size=492 pick=0.312 opt=2",
+            "send#12 d=1 n=3 size=5608 pick=0.792",
+            "send#16 d=2 n=3 size=382 pick=0.979 opt=1",
+            "ack#19 d=1 n=2 pick=0.864",
+            "disk-full#20 n=1",
+            "send-ack#21 d=1 n=4 size=547 pick=0.855 opt=2",
+            "sub-put#22 n=4 slot=2",
+            "sub-put#24 d=1 slot=1",
+            "tx-send#32 n=3 size=3220 slot=1",
+            "ack#33 d=1 n=2 pick=0.147",
+            "send#42 d=3 n=4 size=318 pick=0.551",
+            "crash#45 opt=1 after=5",
+            "send#46 d=1 n=1 size=3556 pick=0.481",
+            "gc#47",
+            "send#48 n=3 size=170 pick=0.919 opt=1",
+            "dlq#51 pick=0.139",
+            "send#52 n=2 size=1533 pick=0.098 opt=6",
+            "tx-ack#53 d=1 pick=0.385",
+            "disk-full#54 n=3",
+            "ack#55 d=2 n=2 pick=0.57",
+            "send-ack#58 d=2 n=2 size=508 pick=0.945",
+            "send#59 n=1 size=5294 pick=0.577 opt=2",
+            "send#61 n=4 size=275 pick=0.433 opt=4",
+            "send#63 d=1 n=2 size=66 pick=0.407 opt=2",
+            "sub-delete#64 d=1 n=3 slot=2",
+            "send#65 d=3 n=4 size=356 pick=0.768 opt=7",
+            "send-ack#67 n=2 size=87 pick=0.284",
+            "restart#71",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
+    ),
+    (
+        3547334020,
+        [
+            "send#32 d=3 n=3 size=189 pick=0.456 opt=2",
+            "disk-full#33 n=1",
+            "send-ack#40 n=3 size=16740 pick=0.523",
+            "verify#41",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
+    ),
+    (
+        4202105186,
+        [
+            "mark#0 d=3 pick=0.643",
+            "send-ack#3 d=1 n=3 size=4101 pick=0.281",
+            "send#33 d=2 n=3 size=1467 pick=0.585",
+            "disk-full#34 n=4",
+            "tx-send#37 d=1 n=3 size=4942 slot=1 opt=4",
+            "send#39 d=1 n=2 size=563 pick=0.638 opt=2",
+            "ack#40 d=2 n=3 pick=0.609",
+            "delete-dest#41 d=2 pick=0.884",
+            "sub-cursor#42 n=5 slot=2",
+            "tx-send#43 d=3 n=24 size=3856 opt=2",
+            "restart#44",
+            "send#45 d=2 n=4 size=3176 pick=0.093 opt=2",
+            "checkpoint#49",
+            "ack#52 d=2 n=3 pick=0.345",
+            "gc#58",
+            "send-ack#62 d=3 n=4 size=2243 pick=0.259 opt=1",
+            "restart#63",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
+    ),
+    (
+        4221610490,
+        [
+            "send#6 d=2 n=1 size=34 pick=0.653 opt=4",
+            "disk-full#14 n=6",
+            "send#18 d=3 n=2 size=19621 pick=0.67",
+            "send-ack#21 d=2 n=3 size=254 pick=0.104",
+            "verify#23",
+        ],
+        "last-seq",
+        "adds cancelled while the disk was full: the checkpoint that writes their DEST_SEQ found "
+        "no room (the head file full, no next file) and was skipped, at close too, so the "
+        "sequences were handed out again after the restart; the index now holds them "
+        "(JournalState.hold_seqs) until a checkpoint with room writes the record",
     ),
 ]
 

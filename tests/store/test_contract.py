@@ -243,6 +243,22 @@ def test_delete_destination(h: Harness) -> None:
     assert dest_info(h, Q) == (1, 1, msg(Q, 1, b"new").size, 0, [])
 
 
+def test_a_commit_never_removes_a_message_of_a_destination_created_again(h: Harness) -> None:
+    """A transacted ack of a message whose destination is deleted before the commit acknowledges
+    nothing: the destination created again hands out the same sequence to another message."""
+    h.track(h.s.add(msg(Q, 1, b"old"), None))
+    h.settle()
+    h.s.begin("tx-1")
+    h.track(h.s.remove(Q, 1, None, "tx-1"))
+    h.track(h.s.delete_destination(Q))
+    h.track(h.s.add(msg(Q, 1, b"new"), None))
+    h.track(h.s.commit("tx-1", [], None))
+    assert [m.body for m in h.s.load(Q, 0, 10, 1 << 20)] == [b"new"]
+    h.reopen()
+    assert [m.body for m in h.s.load(Q, 0, 10, 1 << 20)] == [b"new"]
+    assert dest_info(h, Q) == (1, 1, msg(Q, 1, b"new").size, 0, [])
+
+
 def test_dispatch_mark_survives(h: Harness) -> None:
     h.track(h.s.add(msg(Q, 1), None))
     h.track(h.s.mark_dispatched(Q, 1))

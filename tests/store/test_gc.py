@@ -17,6 +17,8 @@ from sluice.store.journal.store import JournalStore
 from .helpers import Harness, copy_running, fields, msg
 
 Q = "/queue/g"
+T = "/topic/t"
+F = "/queue/filler"
 QUIET = {"checkpoint_interval_s": 3600.0, "gc_interval_s": 3600.0}
 
 
@@ -288,3 +290,84 @@ def test_corrupted_index_is_detected_and_rebuilt(make_journal: Callable[..., Har
     recovery = h.open()
     assert any("index rebuilt" in line for line in recovery.report)
     assert snapshot(h) == expected
+
+
+def test_one_collection_frees_a_chain_of_files_each_acking_the_one_before(
+    make_journal: Callable[..., Harness],
+) -> None:
+    """Each file holds a destination's last sequence (pinned) and the ack of a message in the
+    file before it (so it depends on that file). Compaction of each file must wait for the one
+    before it; one collection compacts and deletes the whole chain, not one file per round."""
+    h = make_journal(compaction_live_ratio=0.5, **QUIET)
+    h.open()
+    s = journal(h)
+    body = os.urandom(s.config.journal_file_bytes * 2 // 3)  # one message per file
+    names = [f"/queue/chain{i}" for i in range(6)]
+    for i, name in enumerate(names):
+        h.track(s.add(msg(name, 1, body), None))
+        h.settle()
+        if i:
+            h.track(s.remove(names[i - 1], 1))
+            h.settle()
+    h.track(s.remove(names[-1], 1))
+    h.settle()
+    chain = list_files(s.journal_dir)[:-1]
+    assert len(chain) >= len(names) - 1
+    result = s.gc()
+    assert set(chain) <= set(result.deleted)
+    assert list_files(s.journal_dir) == [s.head_position[0]]
+    h.reopen()
+    full = snapshot(h)
+    dests = full[0]
+    assert isinstance(dests, list)
+    assert [d[:3] for d in dests] == [(name, 1, 0) for name in sorted(names)]
+    h.close()
+    shutil.rmtree(s.config.data_dir / "index")
+    h.open()
+    assert snapshot(h) == full
+
+
+def test_collection_after_a_transacted_ack_of_a_deleted_destination(
+    make_journal: Callable[..., Harness],
+) -> None:
+    """A transacted ack written before its destination is deleted and created again (same
+    sequences) is dropped with the delete: it neither removes the new message at the commit nor
+    ties its file to the new message's file, which acks the old file's messages (a cycle that
+    kept both files for ever)."""
+    h = make_journal(compaction_live_ratio=0.5, **QUIET)
+    h.open()
+    s = journal(h)
+    big = os.urandom(s.config.journal_file_bytes * 2 // 5)
+    h.track(s.add(msg(Q, 1, b"old"), None))
+    h.track(s.add(msg(T, 1, big), None))
+    h.settle()
+    s.begin("tx")
+    h.track(s.remove(Q, 1, None, "tx"))
+    h.track(s.delete_destination(Q))
+    h.track(s.add(msg(T, 2, big), None))
+    h.settle()
+    # The next file: the new incarnation's message, the commit, and an ack of the old file's.
+    h.track(s.add(msg(Q, 1, big), None))
+    h.track(s.commit("tx", [], None))
+    h.track(s.remove_range(T, 2))
+    h.settle()
+    assert seqs(s) == [1]
+    for seq in (1, 2):
+        h.track(s.add(msg(F, seq, big), None))
+        h.settle()
+    h.track(s.remove(Q, 1))
+    h.track(s.remove_range(F, 2))
+    h.settle()
+    assert len(list_files(s.journal_dir)) >= 3
+    for _ in range(2):
+        s.gc()
+    assert list_files(s.journal_dir) == [s.head_position[0]]
+    h.reopen()
+    full = snapshot(h)
+    dests = full[0]
+    assert isinstance(dests, list)
+    assert [d[:3] for d in dests] == [(F, 2, 0), (Q, 1, 0), (T, 2, 0)]
+    h.close()
+    shutil.rmtree(s.config.data_dir / "index")
+    h.open()
+    assert snapshot(h) == full

@@ -11,10 +11,12 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from sluice.errors import DiskFullError, StoreError
@@ -260,3 +262,76 @@ def test_a_request_to_a_stopping_writer_is_refused(make_journal: Callable[..., H
     with pytest.raises(StoreError, match="not running"):
         s.gc()
     assert time.monotonic() - started < 1.0
+
+
+def test_a_cancelled_sequence_survives_a_close_on_a_full_disk(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancelled add used its sequence; the DEST_SEQ that records it goes with a checkpoint.
+    When the journal has no room for it (the head file is full, no next file can be made), the
+    close still keeps the sequence (in the index), and a later checkpoint with room writes it
+    to the journal. Before, the last checkpoint was skipped and the sequence handed out again."""
+    h = make_journal(checkpoint_interval_s=3600, gc_interval_s=3600)
+    refuse = _refuse_new_files(monkeypatch)
+    h.open()
+    s = journal(h)
+    # A record bigger than a data file fills the head file by itself.
+    h.track(s.add(msg(Q, 1, b"x" * (s.config.journal_file_bytes + 1024)), None))
+    h.settle()
+    with s.writes_paused():
+        add = h.track(s.add(msg(Q, 2), None))
+        h.track(s.remove(Q, 2))
+    h.settle()
+    assert add.state is WriteState.CANCELLED
+    recovery = h.reopen()
+    assert [(d.name, d.last_seq) for d in recovery.destinations] == [(Q, 2)]
+    assert seqs(journal(h), Q) == [1]
+    # Room again: the next checkpoint puts the sequence in the journal, so a rebuild finds it.
+    refuse(False)
+    h.reopen()
+    h.close()
+    shutil.rmtree(journal(h).config.data_dir / "index")
+    recovery = h.open()
+    assert [(d.name, d.last_seq) for d in recovery.destinations] == [(Q, 2)]
+
+
+class _CommitOnFullDisk:
+    """An LMDB write transaction whose commit meets a full disk: aborted, as LMDB does."""
+
+    def __init__(self, txn: object) -> None:
+        self._txn = txn
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._txn, name)
+
+    def commit(self) -> None:
+        self._txn.abort()  # type: ignore[attr-defined]
+        raise lmdb.DiskError("mdb_txn_commit: No space left on device")
+
+
+def test_a_held_sequence_survives_an_index_commit_that_found_no_room(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint that holds a cancelled sequence in the index (no room for its DEST_SEQ)
+    meets a full disk in the index commit too: the state comes back from the last commit and
+    the journal, and the sequence is held again by the next checkpoint, not lost."""
+    h = make_journal(checkpoint_interval_s=3600, gc_interval_s=3600)
+    _refuse_new_files(monkeypatch)
+    h.open()
+    s = journal(h)
+    h.track(s.add(msg(Q, 1, b"x" * (s.config.journal_file_bytes + 1024)), None))
+    h.settle()
+    with s.writes_paused():
+        add = h.track(s.add(msg(Q, 2), None))
+        h.track(s.remove(Q, 2))
+    h.settle()
+    assert add.state is WriteState.CANCELLED
+    index = s._index
+    assert index is not None
+    with s.writes_paused():
+        index.txn = _CommitOnFullDisk(index.txn)
+    with pytest.raises(DiskFullError, match="committing the index"):
+        s.checkpoint()
+    s.checkpoint()  # the index has room now; the journal still has none
+    recovery = h.reopen()
+    assert [(d.name, d.last_seq) for d in recovery.destinations] == [(Q, 2)]

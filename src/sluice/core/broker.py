@@ -498,6 +498,11 @@ class Broker:
     # -- disk limits ----------------------------------------------------------------------------
 
     def _check_disk(self) -> None:
+        """Measure the stores' disks every DISK_CHECK_INTERVAL_S."""
+        self._measure_disks()
+        self._disk_timer = self._loop.call_later(DISK_CHECK_INTERVAL_S, self._check_disk)
+
+    def _measure_disks(self) -> None:
         """Measure the stores' disks; resume producers once every store has room again."""
         now = time.monotonic()
         stats = self.store.stats()
@@ -516,7 +521,6 @@ class Broker:
                 log.info("disk has room again: resuming %d producers", len(waiters))
             for producer in waiters.values():
                 producer.resume_producer(FlowReason.DISK)
-        self._disk_timer = self._loop.call_later(DISK_CHECK_INTERVAL_S, self._check_disk)
 
     def disk_budget(self, *, persistent: bool) -> DiskBudget:
         """The disk of the store (`persistent`) or of the temp store."""
@@ -526,7 +530,12 @@ class Broker:
         """Is the store (`persistent`) or the temp store full (see `core/disk.py`)?"""
         if not persistent and self.temp_store is None:
             return False
-        return self.disk_budget(persistent=persistent).is_full(time.monotonic())
+        budget = self.disk_budget(persistent=persistent)
+        if budget.estimate_ran_out():
+            # The estimate is the last measure less what was accepted since; space may have
+            # come back in between. Only a fresh measure starts an episode.
+            self._measure_disks()
+        return budget.is_full(time.monotonic())
 
     def wait_for_disk(self, key: Hashable, producer: Producer, persistent: bool) -> None:
         """Pause a producer until the store (or temp store) has room again."""

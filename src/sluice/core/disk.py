@@ -104,11 +104,17 @@ class DiskBudget:
         """Bytes accepted for the store since the last measure."""
         self._accepted_since += nbytes
 
+    def estimate_ran_out(self) -> bool:
+        """Whether what was accepted since the last measure used up the room it found. The
+        caller measures again before it calls the store full: the last measure may be from
+        before space came back."""
+        return not self.full and self.active and self.room_bytes - self._accepted_since <= 0
+
     def is_full(self, now: float) -> bool:
         """Whether the store is full now (an episode starts when the estimate runs out)."""
         if self.full:
             return True
-        if self.active and self.room_bytes - self._accepted_since <= 0:
+        if self.estimate_ran_out():
             self._start(now)
             return True
         return False

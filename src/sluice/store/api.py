@@ -274,7 +274,9 @@ class MessageStore(Protocol):
         ...
 
     def delete_destination(self, destination: str) -> WriteHandle:
-        """Async: drop a destination and every message it has."""
+        """Async: drop a destination and every message it has. Removes of its messages in
+        open transactions are dropped too: a commit never removes a message of the destination
+        created again under the same sequence."""
         ...
 
     def put_subscription(self, sub: RecoveredSubscription) -> WriteHandle:

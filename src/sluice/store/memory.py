@@ -209,8 +209,11 @@ class MemoryStore:
         return self._complete(None)
 
     def delete_destination(self, destination: str) -> WriteHandle:
-        """Drop the destination and its messages."""
+        """Drop the destination and its messages; open transactions forget their removes
+        of them."""
         self._destinations.pop(destination, None)
+        for tx in self._txs.values():
+            tx.removes = [(name, seq) for name, seq in tx.removes if name != destination]
         self._last_seq.pop(destination, None)
         self._dispatch_marks.pop(destination, None)
         self._dedup.pop(destination, None)

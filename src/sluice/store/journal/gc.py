@@ -66,17 +66,24 @@ class GcResult:
 
 
 def deletable(state: JournalState, checkpoint_file: int) -> list[int]:
-    """Files that may go now, ascending: before `checkpoint_file`, unpinned, with every file
-    they depend on already gone or going."""
+    """Files that may go now, in an order that deletes what a file depends on before it: before
+    `checkpoint_file`, unpinned, with every file they depend on already gone or going first.
+
+    A dependency may point to a newer file (a transacted remove whose message compaction moved
+    forward before the commit), so the scan repeats until nothing more can go."""
     remaining = set(state.files)
-    out = []
-    for file_no in sorted(state.files):
-        if file_no >= checkpoint_file:
-            break
-        fi = state.files[file_no]
-        if fi.pins == 0 and fi.tx_pins == 0 and not (fi.deps & remaining):
-            out.append(file_no)
-            remaining.discard(file_no)
+    out: list[int] = []
+    changed = True
+    while changed:
+        changed = False
+        for file_no in sorted(remaining):
+            if file_no >= checkpoint_file:
+                break
+            fi = state.files[file_no]
+            if fi.pins == 0 and fi.tx_pins == 0 and not (fi.deps & remaining):
+                out.append(file_no)
+                remaining.discard(file_no)
+                changed = True
     return out
 
 
@@ -89,27 +96,37 @@ def retired_after(state: JournalState, going: list[int], head_file: int) -> fmt.
 
 def compaction_targets(state: JournalState, checkpoint_file: int, ratio: float) -> list[int]:
     """Old, pinned files whose live share is below `ratio`, within a byte budget, and that may
-    go once compacted (nothing they depend on is left)."""
+    go once compacted: everything they depend on is gone, or goes in the same collection (an
+    unpinned file, or another target, deleted first). A chain of files, each holding removes of
+    what the one before held, is so compacted and collected in one round, not one per round."""
     out: list[int] = []
     remaining = set(state.files)
     budget = MAX_COMPACTION_BYTES
-    for file_no in sorted(state.files):
-        if file_no >= checkpoint_file:
-            break
-        fi = state.files[file_no]
-        if fi.pins == 0 or fi.tx_pins:
-            continue
-        if fi.deps & remaining:
-            # It could not go once compacted: the messages' old records would stay behind their
-            # copies, and a rebuild could see them after the copies and their removes are gone.
-            continue
-        if fi.live_bytes >= ratio * max(fi.data_bytes, 1):
-            continue
-        if out and fi.live_bytes > budget:
-            break
-        out.append(file_no)
-        budget -= fi.live_bytes
-    return out
+    changed = True
+    while changed:
+        changed = False
+        for file_no in sorted(remaining):
+            if file_no >= checkpoint_file:
+                break
+            fi = state.files[file_no]
+            if fi.tx_pins:
+                continue
+            if fi.deps & remaining:
+                # It could not go once compacted: the messages' old records would stay behind
+                # their copies, and a rebuild could see them after the copies and their removes
+                # are gone.
+                continue
+            if fi.pins:
+                if fi.live_bytes >= ratio * max(fi.data_bytes, 1):
+                    continue
+                if out and fi.live_bytes > budget:
+                    continue
+                out.append(file_no)
+                budget -= fi.live_bytes
+            # An unpinned file goes as soon as what it depends on has gone.
+            remaining.discard(file_no)
+            changed = True
+    return sorted(out)
 
 
 def copy_ops(

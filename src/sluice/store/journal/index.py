@@ -5,6 +5,8 @@ Databases (all keys big endian so they sort numerically; codecs in `indexcodec.p
     meta   b"format" -> marker and version; b"store_id" -> the journal's 16-byte id;
            b"checkpoint" -> (file u32, offset u64): every record before it is reflected here;
            b"next_txno" -> u64; b"state" -> b"ok" or b"building" (a rebuild did not finish);
+           b"held_seqs" -> destinations' last sequences that no journal record holds yet (the
+           journal had no room for their DEST_SEQ at a checkpoint), written at a later one;
            b"digest" -> (entries u64, sum u64) for each of the other databases, in `DIGESTED`
            order
     msgs   dkey(16) seq(8) -> file u32, offset u64, length u32, size u32, timestamp u64,

@@ -262,3 +262,31 @@ def decode_dedup(data: bytes | memoryview) -> tuple[str, tuple[int, ...]]:
         return bytes(data[1 + 4 * n :]).decode("utf-8"), files
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise IndexCorrupt("bad dedup entry") from exc
+
+
+_HELD = struct.Struct("<QH")
+
+
+def encode_held_seqs(held: dict[str, int]) -> bytes:
+    """The meta `held_seqs` value: sequences in the index that no journal record holds yet."""
+    parts = [_U32.pack(len(held))]
+    for name, seq in sorted(held.items()):
+        raw = name.encode("utf-8")
+        parts.append(_HELD.pack(seq, len(raw)) + raw)
+    return b"".join(parts)
+
+
+def decode_held_seqs(data: bytes | memoryview) -> dict[str, int]:
+    """Parse a meta `held_seqs` value."""
+    try:
+        (count,) = _U32.unpack_from(data, 0)
+        pos = _U32.size
+        out = {}
+        for _ in range(count):
+            seq, n = _HELD.unpack_from(data, pos)
+            pos += _HELD.size
+            out[bytes(data[pos : pos + n]).decode("utf-8")] = seq
+            pos += n
+        return out
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise IndexCorrupt("bad held sequences entry") from exc

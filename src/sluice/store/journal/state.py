@@ -24,10 +24,12 @@ from sluice.store.journal.indexcodec import (
     MsgLoc,
     SubInfo,
     decode_dedup,
+    decode_held_seqs,
     decode_tx_add,
     decode_tx_remove,
     dkey,
     encode_dedup,
+    encode_held_seqs,
     encode_tx_add,
     encode_tx_remove,
     file_key,
@@ -68,6 +70,9 @@ class JournalState:
         self._dirty_files: set[int] = set()
         self._dirty_dedup: set[str] = set()
         self._dedup_saved: dict[str, int] = {}
+        # Last sequences the index holds but no journal record does yet (`hold_seqs`).
+        self._held_seqs: dict[str, int] = {}
+        self._held_dirty = False
 
     @property
     def dirty(self) -> bool:
@@ -78,6 +83,7 @@ class JournalState:
             or self._dirty_subs
             or self._dirty_files
             or self._dirty_dedup
+            or self._held_dirty
         )
 
     # -- loading and saving ------------------------------------------------------------------------
@@ -112,6 +118,9 @@ class JournalState:
             self._dedup_saved[name] = ordinal
         for key in txn.cursor(db=self._db[b"tx"]).iternext(keys=True, values=False):
             self.open_txs.add(int.from_bytes(key[:8], "big"))
+        held = txn.get(b"held_seqs", db=self._db[b"meta"])
+        if held is not None:
+            self._held_seqs = decode_held_seqs(held)
         # An index written with a longer window (another setting, a rebuild by a tool) holds
         # more than this store keeps: let the oldest go, and the files they pinned.
         for name, window in self.dedup.items():
@@ -148,6 +157,13 @@ class JournalState:
         self._dirty_subs.clear()
         self._dirty_files.clear()
         self._dirty_dedup.clear()
+        if self._held_dirty:
+            meta = self._db[b"meta"]
+            if self._held_seqs:
+                self.index.txn.put(b"held_seqs", encode_held_seqs(self._held_seqs), db=meta)
+            else:
+                self.index.txn.delete(b"held_seqs", db=meta)
+            self._held_dirty = False
         self.index.write_meta(checkpoint, self.next_txno, ok=ok)
         self.updates = 0
 
@@ -296,7 +312,8 @@ class JournalState:
             self._dest_state(record, file_no)
         elif isinstance(record, fmt.DestSeq):
             info = self._dest(record.destination)
-            if record.seq > info.last_seq:
+            # Equal too: a sequence the index held alone (`hold_seqs`) is now in this record.
+            if record.seq >= info.last_seq:
                 info.last_seq = record.seq
                 info.seq_pin = self._move_pin(info.seq_pin, file_no)
                 info.files.add(file_no)
@@ -310,14 +327,35 @@ class JournalState:
             self._cancelled_seqs[name] = seq
 
     def take_cancelled_seqs(self) -> list[fmt.DestSeq]:
-        """The DEST_SEQ records the next checkpoint must write."""
-        out = [
-            fmt.DestSeq(name, seq)
+        """The DEST_SEQ records the next checkpoint must write: cancelled sequences, and the
+        ones held in the index only (`hold_seqs`) that are still the last."""
+        wanted = {
+            name: seq
             for name, seq in self._cancelled_seqs.items()
             if name not in self.dests or seq > self.dests[name].last_seq
-        ]
+        }
+        for name, seq in self._held_seqs.items():
+            info = self.dests.get(name)
+            if info is not None and info.last_seq == seq and seq > wanted.get(name, 0):
+                wanted[name] = seq
         self._cancelled_seqs.clear()
-        return out
+        if self._held_seqs:
+            self._held_seqs.clear()
+            self._held_dirty = True
+        return [fmt.DestSeq(name, seq) for name, seq in wanted.items()]
+
+    def hold_seqs(self, records: Iterable[fmt.DestSeq]) -> None:
+        """The journal had no room for these DEST_SEQ records: the index holds the sequences
+        (in the destinations' last sequence, and in meta until a later checkpoint writes the
+        records), so that a clean close never lets them be handed out again. A rebuild of the
+        index from the journal alone before then does not see them."""
+        for record in records:
+            info = self._dest(record.destination)
+            if record.seq > info.last_seq:
+                info.last_seq = record.seq
+            if record.seq > self._held_seqs.get(record.destination, 0):
+                self._held_seqs[record.destination] = record.seq
+                self._held_dirty = True
 
     def _dest(self, name: str) -> DestInfo:
         info = self.dests.get(name)
@@ -584,10 +622,13 @@ class JournalState:
     def _dest_delete(self, name: str, file_no: int) -> None:
         # Sequences its cancelled adds used die with it: no DEST_SEQ may bring it back.
         self._cancelled_seqs.pop(name, None)
+        if self._held_seqs.pop(name, None) is not None:
+            self._held_dirty = True
         info = self.dests.get(name)
         if info is None:
             return
         self._remove_range(name, _MAX_SEQ, file_no)
+        self._drop_tx_removes(name, file_no)
         for pin in (info.seq_pin, info.mark_pin):
             if pin:
                 self._unpin(pin)
@@ -598,6 +639,29 @@ class JournalState:
         self._add_deps(file_no, info.files)
         del self.dests[name]
         self._dirty_dests.add(name)
+
+    def _drop_tx_removes(self, name: str, file_no: int) -> None:
+        """Open transactions' removes of a deleted destination's messages acknowledge nothing
+        any more: a commit must not take a message of the destination created again under the
+        same sequence. The delete's file outlives the dropped records: a rebuild that saw them
+        without it would apply them at the commit."""
+        cur = self.index.txn.cursor(db=self._db[b"tx"])
+        if not cur.first():
+            return
+        while True:
+            key = cur.key()
+            if not key:
+                break
+            if key[8:9] == _TX_REMOVE:
+                _seq, rfile, dest = decode_tx_remove(cur.value())
+                if dest == name:
+                    self._tx_unpin(rfile)
+                    self._add_deps(file_no, (rfile,))
+                    if not self.index.delete_at(b"tx", cur):
+                        break
+                    continue
+            if not cur.next():
+                break
 
     def _dest_state(self, record: fmt.DestState, file_no: int) -> None:
         info = self._dest(record.destination)

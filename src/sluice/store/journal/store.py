@@ -478,11 +478,15 @@ class JournalStore:
         return self._submit(fmt.DispatchMark(destination, seq))
 
     def delete_destination(self, destination: str) -> WriteHandle:
-        """Queue a DEST_DELETE; the destination's messages are hidden at once."""
+        """Queue a DEST_DELETE; the destination's messages are hidden at once, and open
+        transactions forget their removes of them (as the index does when it applies the
+        record)."""
         writer = self._w
         handle = WriteHandle(None, 0, self._lock)
         op = Op.of(fmt.DestDelete(destination), handle)
         op.cleanup = [(destination, -1, op)]
+        for tx in self._txs.values():
+            tx.removes = [(name, seq) for name, seq in tx.removes if name != destination]
         with self._lock:
             self._overlay.set_floor(destination, MAX_SEQ, op)
             writer.submit(op)

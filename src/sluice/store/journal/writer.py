@@ -558,14 +558,18 @@ class Writer:
         head = self.head
         seq_records = self.state.take_cancelled_seqs()
         seq_ops = [Op.of(record) for record in seq_records]
+        held: list[fmt.DestSeq] = []
         if seq_ops:
             try:
                 self.write(seq_ops)
-            except DiskFullError:
-                for record in seq_records:
-                    self.state.note_cancelled(record.destination, record.seq)
-                raise
-            self._apply(seq_ops)
+            except DiskFullError as exc:
+                # Nothing was written; the index commit below holds them until there is room
+                # (a close on a full disk must not let them be handed out again).
+                log.info("journal: last sequences held in the index for now: %s", exc)
+                self.state.hold_seqs(seq_records)
+                held = seq_records
+            else:
+                self._apply(seq_ops)
         position = (head.file_no, head.offset)
         if position == self._cp_position and not self.state.dirty:
             return
@@ -577,6 +581,10 @@ class Writer:
             self.state.index.commit(reopen=True)
         except DiskFullError as exc:
             self._index_no_room(exc, position)
+            # The state came back from the last commit and the journal: sequences held only
+            # in the lost transaction are noted again for the next checkpoint.
+            for record in held:
+                self.state.note_cancelled(record.destination, record.seq)
             raise
         if self.index_no_space:
             self.index_no_space = False
