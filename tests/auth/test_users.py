@@ -79,7 +79,9 @@ def test_file_round_trip_with_mode_0600(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["users.toml"]  # no temporary file left
     again = load_users(path)
     assert again.users == users.users
-    assert again.authenticate("alice", "alice-pw") == Identity("alice", frozenset({"ops", "billing"}))
+    assert again.authenticate("alice", "alice-pw") == Identity(
+        "alice", frozenset({"ops", "billing"})
+    )
     assert again.authenticate("alice", "bob-pw") is None
     assert again.authenticate("nobody", "alice-pw") is None
 
