@@ -3,8 +3,8 @@ the window passing, success forgetting a name's failures, and the bounded memory
 
 from __future__ import annotations
 
-from sluice.auth.login import BAD_CREDENTIALS, LOCKED_OUT, Authenticator
 from sluice.auth.identity import ANONYMOUS, Identity, Refusal
+from sluice.auth.login import BAD_CREDENTIALS, LOCKED_OUT, Authenticator
 from sluice.auth.throttle import LoginThrottle
 from sluice.auth.users import ScryptParams, User, UsersFile, hash_password
 from sluice.config import Limits
@@ -85,7 +85,8 @@ def test_empty_and_missing_credentials() -> None:
         assert isinstance(refusal, Refusal)
         assert refusal.counter == "login_refused_empty_credentials"
     missing = auth(None, None, "h")
-    assert isinstance(missing, Refusal) and missing.counter == "login_refused_no_credentials"
+    assert isinstance(missing, Refusal)
+    assert missing.counter == "login_refused_no_credentials"
     assert _authenticator(Clock(), allow_anonymous=True)(None, None, "h") == ANONYMOUS
 
 

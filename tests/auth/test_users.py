@@ -40,7 +40,8 @@ def test_a_hash_is_salted_and_verifies_only_its_password() -> None:
 def test_the_parameters_travel_with_the_hash_so_they_can_be_raised() -> None:
     old = hash_password("pw", ScryptParams(ln=11, r=4, p=1))
     new = hash_password("pw", FAST)
-    assert verify_password("pw", old) and verify_password("pw", new)
+    assert verify_password("pw", old)
+    assert verify_password("pw", new)
     assert DEFAULT_PARAMS.ln >= 15  # what `sluice user` writes
 
 
@@ -75,7 +76,8 @@ def test_file_round_trip_with_mode_0600(tmp_path: Path) -> None:
     save_users(path, users)
     assert path.stat().st_mode & 0o777 == 0o600
     text = path.read_text()
-    assert "alice-pw" not in text and "bob-pw" not in text
+    assert "alice-pw" not in text
+    assert "bob-pw" not in text
     assert [p.name for p in tmp_path.iterdir()] == ["users.toml"]  # no temporary file left
     again = load_users(path)
     assert again.users == users.users

@@ -317,7 +317,8 @@ def test_creating_a_destination_needs_admin(secured: RunningBroker) -> None:
     bob.send(b"SEND\ndestination:/queue/orders.new\nreceipt:r\n\nfor alice\0")
     assert bob.frame().headers["receipt-id"] == "r"
     message = alice.frame()
-    assert message.command == "MESSAGE" and message.body == b"for alice"
+    assert message.command == "MESSAGE"
+    assert message.body == b"for alice"
     assert secured.stats()["access_denied_admin"] == 1
 
 
@@ -355,7 +356,8 @@ def test_earlier_receipted_work_is_kept_before_the_error(secured: RunningBroker)
         ) as client:
             sub = await client.subscribe("/queue/open.kept")
             message = await sub.get(timeout=10)
-            assert message is not None and message.body == b"kept"
+            assert message is not None
+            assert message.body == b"kept"
 
     run(main)
 
@@ -365,12 +367,12 @@ def test_our_client_sees_refused_frames(secured: RunningBroker) -> None:
         async with await Client.connect(
             secured.address, login="carol", passcode=PASSWORDS["carol"], reconnect=False
         ) as client:
-            with pytest.raises(BrokerErrorFrame, match="read permission on /queue/orders.eu"):
+            with pytest.raises(BrokerErrorFrame, match=r"read permission on /queue/orders\.eu"):
                 await client.subscribe("/queue/orders.eu")
         async with await Client.connect(
             secured.address, login="carol", passcode=PASSWORDS["carol"], reconnect=False
         ) as client:
-            with pytest.raises(BrokerErrorFrame, match="write permission on /topic/prices.x"):
+            with pytest.raises(BrokerErrorFrame, match=r"write permission on /topic/prices\.x"):
                 await client.send("/topic/prices.x", b"x")
 
     run(main)
@@ -381,7 +383,7 @@ def test_a_stream_needs_write_to_send_and_read_to_receive(secured: RunningBroker
         async with await Client.connect(
             secured.address, login="carol", passcode=PASSWORDS["carol"], reconnect=False
         ) as client:
-            with pytest.raises(BrokerErrorFrame, match="write permission on /queue/orders.files"):
+            with pytest.raises(BrokerErrorFrame, match=r"write permission on /queue/orders\.files"):
                 await client.send_stream("/queue/orders.files", [b"chunk"] * 3)
 
     run(main)
@@ -407,12 +409,13 @@ def _reload(broker: RunningBroker, users_file: Path, acl: list[dict[str, Any]]) 
 def test_a_removed_users_connection_is_closed_on_reload(
     secured: RunningBroker, users_file: Path
 ) -> None:
-    bob, bob_col = _stomppy(secured, "bob")
+    _bob, bob_col = _stomppy(secured, "bob")
     alice, alice_col = _stomppy(secured, "alice")
     _write_users(users_file, ("alice", "carol"))
     _reload(secured, users_file, ACL)
     kind, frame = bob_col.next()
-    assert kind == "ERROR" and frame.headers["message"] == "user bob was removed"
+    assert kind == "ERROR"
+    assert frame.headers["message"] == "user bob was removed"
     wait_until(lambda: bob_col.disconnected, what="bob disconnected")
     # alice keeps her connection.
     alice.send("/queue/open.still", "here", headers={"receipt": "r"})

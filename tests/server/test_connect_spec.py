@@ -40,7 +40,8 @@ def test_stomppy_10_and_our_client_read_the_10_connected(broker: RunningBroker) 
 
     async def main() -> None:
         async with await Client.connect(broker.address, version="1.0") as client:
-            assert client.version is not None and client.version.value == "1.0"
+            assert client.version is not None
+            assert client.version.value == "1.0"
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
