@@ -89,13 +89,18 @@ def start_broker(
     *,
     message_store: MessageStore | None = None,
     now_ms: Callable[[], int] | None = None,
-    **overrides: dict[str, Any],
+    login_clock: Callable[[], float] | None = None,
+    **overrides: Any,
 ) -> RunningBroker:
     """Start a broker (memory store, port 0 unless overridden) on its own loop thread;
-    `message_store` replaces the store the configuration names, `now_ms` the broker's clock."""
-    sections: dict[str, dict[str, Any]] = {"stomp": {"port": 0}, "store": {"kind": "memory"}}
+    `message_store` replaces the store the configuration names, `now_ms` the broker's clock,
+    `login_clock` the clock of failed-login lockouts. `acl=[...]` gives `[[acl]]` rules."""
+    sections: dict[str, Any] = {"stomp": {"port": 0}, "store": {"kind": "memory"}}
     for section, values in overrides.items():
-        sections.setdefault(section, {}).update(values)
+        if isinstance(values, list):
+            sections[section] = values  # an array of tables: [[acl]]
+        else:
+            sections.setdefault(section, {}).update(values)
     cfg = config_mod.load(env={}, overrides=sections)
     started: Future[RunningBroker] = Future()
 
@@ -108,7 +113,9 @@ def start_broker(
             store = message_store
             if store is None:
                 store, temp_store = open_stores(cfg)
-            server = BrokerServer(cfg, store, temp_store=temp_store, now_ms=now_ms)
+            server = BrokerServer(
+                cfg, store, temp_store=temp_store, now_ms=now_ms, login_clock=login_clock
+            )
             await server.start()
             stopped = asyncio.Event()
             started.set_result(RunningBroker(server, loop, threading.current_thread(), stopped))

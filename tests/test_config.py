@@ -55,3 +55,77 @@ def test_bad_disk_settings_are_refused(
     path.write_text(f"[{section}]\n{text}\n")
     with pytest.raises(ConfigError, match=complaint):
         config_mod.load(path, env={})
+
+
+# -- [auth] and [[acl]] ---------------------------------------------------------------------------
+
+
+def test_auth_and_acl_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "sluice.toml"
+    path.write_text(
+        '[auth]\nusers_file = "users.toml"\nallow_anonymous = true\n'
+        '[[acl]]\ndestination = "/queue/orders.>"\nread = ["ops", "billing"]\nwrite = ["shop"]\n'
+        'admin = ["ops"]\n'
+        '[[acl]]\ndestination = "/topic/>"\nread = ["*"]\n'
+    )
+    cfg = config_mod.load(path, env={})
+    # A relative users file is found beside the configuration file.
+    assert cfg.auth == config_mod.AuthSettings(tmp_path / "users.toml", allow_anonymous=True)
+    assert cfg.acl == (
+        config_mod.AclRule("/queue/orders.>", ("ops", "billing"), ("shop",), ("ops",)),
+        config_mod.AclRule("/topic/>", read=("*",)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[auth]\nusers_file = ""\n', "users_file must be a file name"),
+        ("[auth]\nallow_anonymous = 3\n", "allow_anonymous must be true or false"),
+        ("[auth]\nuser_file = 'x'\n", "unknown setting 'user_file'"),
+        ('[[acl]]\ndestination = "orders"\n', 'needs destination = "/queue/..."'),
+        ('[[acl]]\ndestination = "/queue/a.>.b"\n', "'>' may only be the last word"),
+        ('[[acl]]\ndestination = "/queue/a"\nread = "ops"\n', "read must be a list"),
+        ('[[acl]]\ndestination = "/queue/a"\nwrite = [""]\n', "write must be a list"),
+        ('[[acl]]\ndestination = "/queue/a"\nreed = ["x"]\n', "rule 1: unknown setting 'reed'"),
+        ('[acl]\ndestination = "/queue/a"\n', "[[acl]] must be an array of tables"),
+    ],
+)
+def test_bad_auth_and_acl_settings_are_named(tmp_path: Path, toml: str, message: str) -> None:
+    path = tmp_path / "sluice.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        config_mod.load(path, env={})
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::", "", "broker.example.com"])
+def test_listening_beyond_loopback_without_users_is_refused(host: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_mod.load(env={}, overrides={"stomp": {"host": host}})
+    message = str(info.value)
+    assert "beyond loopback" in message
+    assert "users_file" in message
+    assert "allow_anonymous = true" in message
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_loopback_without_users_is_allowed(host: str) -> None:
+    assert config_mod.load(env={}, overrides={"stomp": {"host": host}}).stomp.host == host
+
+
+def test_beyond_loopback_with_users_or_anonymous_allowed(tmp_path: Path) -> None:
+    allowed = {"stomp": {"host": "0.0.0.0"}, "auth": {"allow_anonymous": True}}
+    assert config_mod.load(env={}, overrides=allowed).auth.allow_anonymous
+    users = {"stomp": {"host": "0.0.0.0"}, "auth": {"users_file": str(tmp_path / "u.toml")}}
+    assert config_mod.load(env={}, overrides=users).auth.users_file == tmp_path / "u.toml"
+    env = {"SLUICE_STOMP__HOST": "0.0.0.0", "SLUICE_AUTH__ALLOW_ANONYMOUS": "true"}
+    assert config_mod.load(env=env).auth.allow_anonymous
+
+
+def test_login_limits_and_connect_timeout_live_in_limits() -> None:
+    limits = config_mod.load(env={}).limits
+    assert limits.connect_timeout_s == 30.0
+    assert limits.login_lockout_failures >= 1
+    with pytest.raises(ConfigError, match="login_lockout_failures"):
+        config_mod.load(env={}, overrides={"limits": {"login_lockout_failures": 0}})

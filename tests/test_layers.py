@@ -15,11 +15,12 @@ ALLOWED: dict[str, set[str]] = {
     "stomp": set(),
     "store": set(),
     "core": {"store.api"},
-    "server": {"stomp", "core", "store"},
+    "server": {"stomp", "core", "store", "auth"},
     "client": {"stomp"},
     "spark": {"client", "stomp", "store.journal.format", "store.journal.scan", "store.api"},
     "admin": {"core", "server"},
     "bench": {"stomp", "client"},
+    "auth": {"core.wildcard"},
 }
 
 

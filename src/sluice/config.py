@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -111,6 +112,16 @@ class Limits:
     dedup_window: int = DEFAULT_DEDUP_WINDOW
     max_message_groups: int = 1024
     max_destinations: int = 100_000
+    # Connecting and logging in. A client that has not sent CONNECT within `connect_timeout_s` is
+    # closed. A failed login is answered `login_failure_delay_s` late; `login_lockout_failures`
+    # failures within `login_lockout_window_s`, for one login name or from one address, refuse
+    # every login of that name or address until the window has passed. Failures are remembered
+    # for at most `max_login_failure_records` names and addresses (the oldest are forgotten).
+    connect_timeout_s: float = 30.0
+    login_failure_delay_s: float = 1.0
+    login_lockout_failures: int = 5
+    login_lockout_window_s: float = 300.0
+    max_login_failure_records: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -183,6 +194,34 @@ class Listener:
 
 
 @dataclass(frozen=True)
+class AuthSettings:
+    """`[auth]`: who may connect. Without `users_file` every client is anonymous, which the broker
+    allows on a loopback listener only, unless `allow_anonymous` is true. With `users_file`,
+    `allow_anonymous` lets clients that send no `login` in as anonymous."""
+
+    users_file: Path | None = None
+    allow_anonymous: bool = False
+
+
+# Who an `[[acl]]` rule names in `read`, `write` and `admin`: user or group names, or `*` for
+# every client (anonymous ones too).
+ACL_EVERYONE = "*"
+
+
+@dataclass(frozen=True)
+class AclRule:
+    """One `[[acl]]` rule: the users and groups that may read, write or administer (create) the
+    destinations `destination` matches (`/queue/...` or `/topic/...`, with the broker's
+    wildcards). The first rule that matches a destination decides; once any rule exists, a
+    destination no rule matches is refused to everyone."""
+
+    destination: str
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    admin: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class DestinationOverride:
     """A policy for the destinations whose names match `pattern` (ActiveMQ wildcards, e.g.
     `/topic/events.>`). The first matching override wins; fields not given keep the defaults of
@@ -202,6 +241,8 @@ class Config:
     policy: DestinationPolicy = field(default_factory=DestinationPolicy)
     store: StoreConfig = field(default_factory=StoreConfig)
     destinations: tuple[DestinationOverride, ...] = ()
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    acl: tuple[AclRule, ...] = ()
     broker_name: str = "sluice"
     use_uvloop: bool = True
 
@@ -237,7 +278,33 @@ class Config:
             raise ConfigError(f"stomp.port out of range: {self.stomp.port}")
         if self.policy.max_redeliveries < 0:
             raise ConfigError("policy.max_redeliveries must not be negative")
+        if lim.login_lockout_failures < 1:
+            raise ConfigError("limits.login_lockout_failures must be at least 1")
+        self._check_anonymous()
         return self
+
+    def _check_anonymous(self) -> None:
+        # RabbitMQ's guest-on-loopback rule: without users, only this machine may connect.
+        auth = self.auth
+        host = self.stomp.host
+        if auth.users_file is None and not auth.allow_anonymous and not is_loopback(host):
+            raise ConfigError(
+                f"stomp.host = {host!r} listens beyond loopback, and without [auth] users_file "
+                "every client would connect anonymously: refusing to start. Set [auth] "
+                "users_file (written by `sluice user add`), or set [auth] allow_anonymous = true "
+                "to accept anonymous clients from the network"
+            )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listener bound to `host` is reachable from this machine only. Names other than
+    `localhost` count as beyond loopback, and so does the empty host (every interface)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 _SECTIONS: dict[str, type[Any]] = {
@@ -319,9 +386,79 @@ def _apply_destinations(config: Config, tables: Any, where: str) -> Config:
     return dataclasses.replace(config, destinations=tuple(overrides))
 
 
-def _apply(config: Config, section: str, values: Mapping[str, Any], where: str) -> Config:
+def _apply_auth(config: Config, values: Any, where: str, base: Path | None) -> Config:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where}: [auth] must be a table")
+    auth = config.auth
+    for name, raw in values.items():
+        if name == "users_file":
+            if not isinstance(raw, str) or not raw:
+                raise ConfigError(f"{where} [auth]: users_file must be a file name")
+            path = Path(raw)
+            # A relative name is relative to the configuration file that gives it.
+            if base is not None and not path.is_absolute():
+                path = base / path
+            auth = dataclasses.replace(auth, users_file=path)
+        elif name == "allow_anonymous":
+            try:
+                auth = dataclasses.replace(auth, allow_anonymous=_parse_bool(raw))
+            except ValueError:
+                raise ConfigError(
+                    f"{where} [auth]: allow_anonymous must be true or false (got {raw!r})"
+                ) from None
+        else:
+            raise ConfigError(f"{where} [auth]: unknown setting {name!r}")
+    return dataclasses.replace(config, auth=auth)
+
+
+def _acl_names(raw: Any, field_name: str, where: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(n, str) and n for n in raw):
+        raise ConfigError(f"{where}: {field_name} must be a list of user or group names")
+    return tuple(raw)
+
+
+def _acl_destination(raw: Any, where: str) -> str:
+    if not isinstance(raw, str) or not raw.startswith(("/queue/", "/topic/")):
+        raise ConfigError(f'{where}: needs destination = "/queue/..." or "/topic/..."')
+    words = raw.split("/", 2)[2].split(".")
+    if ">" in words[:-1]:
+        raise ConfigError(f"{where}: destination {raw!r}: '>' may only be the last word")
+    return raw
+
+
+def _apply_acl(config: Config, tables: Any, where: str) -> Config:
+    if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
+        raise ConfigError(f"{where}: [[acl]] must be an array of tables")
+    rules = list(config.acl)
+    for number, table in enumerate(tables, len(rules) + 1):
+        here = f"{where} [[acl]] rule {number}"
+        unknown = set(table) - {"destination", "read", "write", "admin"}
+        if unknown:
+            raise ConfigError(f"{here}: unknown setting {sorted(unknown)[0]!r}")
+        rules.append(
+            AclRule(
+                destination=_acl_destination(table.get("destination"), here),
+                read=_acl_names(table.get("read", []), "read", here),
+                write=_acl_names(table.get("write", []), "write", here),
+                admin=_acl_names(table.get("admin", []), "admin", here),
+            )
+        )
+    return dataclasses.replace(config, acl=tuple(rules))
+
+
+def _apply(
+    config: Config,
+    section: str,
+    values: Mapping[str, Any],
+    where: str,
+    base: Path | None = None,
+) -> Config:
     if section == "destination":
         return _apply_destinations(config, values, where)
+    if section == "auth":
+        return _apply_auth(config, values, where, base)
+    if section == "acl":
+        return _apply_acl(config, values, where)
     if section not in _SECTIONS:
         if section in ("broker_name", "use_uvloop"):
             return dataclasses.replace(config, **{section: _coerce(Config, section, values, where)})
@@ -358,7 +495,7 @@ def load(
             raise ConfigError(f"{path}: {exc}") from exc
         # [policy] first, so [[destination]] overrides start from the configured defaults.
         for section in sorted(data, key=lambda name: name == "destination"):
-            config = _apply(config, section, data[section], str(path))
+            config = _apply(config, section, data[section], str(path), path.parent)
     environ = os.environ if env is None else env
     for key, value in environ.items():
         if not key.startswith("SLUICE_") or "__" not in key:

@@ -125,6 +125,17 @@ class RequestError(SluiceError):
     Its message is written for the client and is safe to send back in an ERROR frame."""
 
 
+class AccessDeniedError(RequestError):
+    """The connection's user may not do this to this destination (`[[acl]]`). Its message names
+    the destination and the permission and is safe to send to the client."""
+
+    def __init__(self, destination: str, permission: str, user: str) -> None:
+        self.destination = destination
+        self.permission = permission
+        self.user = user
+        super().__init__(f"access denied: {permission} permission on {destination} is not granted")
+
+
 class StoreUnavailableError(RequestError):
     """A persistent message cannot be taken: the message store failed and takes no more writes
     until the broker restarts. Its message is safe to send to the client."""

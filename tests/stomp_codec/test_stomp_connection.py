@@ -134,12 +134,14 @@ def test_server_accepts_connect(mode: str, command: Command) -> None:
     }
 
 
-def test_connected_for_v10_has_no_version_or_heartbeat() -> None:
+def test_connected_for_v10_says_version_10_and_has_no_heartbeat() -> None:
+    # Clients and conformance suites look for `version` whatever was negotiated (ActiveMQ and
+    # RabbitMQ send `version:1.0`).
     conn = StompConnection(Role.SERVER)
     [connect] = receive(conn, b"CONNECT\nlogin:a\nheart-beat:100,100\n\n\0")
     assert isinstance(connect, Frame)
     out = conn.accept(connect, server_heartbeat=(100, 100), server_name="s", session="1")
-    assert parse_one(out).headers == {"session": "1", "server": "s"}
+    assert parse_one(out).headers == {"version": "1.0", "session": "1", "server": "s"}
     assert conn.negotiated == Negotiated(V10, 0, 0)
 
 

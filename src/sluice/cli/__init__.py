@@ -9,7 +9,8 @@ point and `python -m sluice`'s.
 - `transfer`: `sluice put` and `sluice get` (with `getdir`, the receiving directory, and
   `progress`, the progress bar);
 - `store`: `sluice store`, the offline journal tools;
-- `bench`: `sluice bench`, the glue between its arguments and `sluice.bench`.
+- `bench`: `sluice bench`, the glue between its arguments and `sluice.bench`;
+- `users`: `sluice user`, which edits the broker's users file.
 
 Each group adds its subcommands with `add_parsers(sub)`, which returns their runners by name.
 """

@@ -1,4 +1,5 @@
-"""`sluice broker`: run the broker until SIGINT or SIGTERM."""
+"""`sluice broker`: run the broker until SIGINT or SIGTERM; SIGHUP reloads the users file and
+the `[[acl]]` rules."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from sluice import __version__
 from sluice import config as config_mod
 from sluice.cli.common import Runner
 from sluice.cli.exitcodes import ExitCode
+from sluice.errors import SluiceError
 
 __all__ = ["add_parsers"]
 
@@ -71,6 +73,7 @@ def _run_broker(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, _reload, args, server)
         print(
             f"sluice {__version__} listening on {cfg.stomp.host}:{server.port} "
             f"(store: {cfg.store.kind.value}"
@@ -90,6 +93,17 @@ def _run_broker(args: argparse.Namespace) -> int:
 
     asyncio.run(serve())
     return ExitCode.OK
+
+
+def _reload(args: argparse.Namespace, server: Any) -> None:
+    """SIGHUP: read the configuration again and apply its [auth] and [[acl]] (only those)."""
+    try:
+        server.reload_auth(_broker_config(args))
+    except SluiceError as exc:
+        # The users and rules in force stay; nothing is half applied.
+        log.error("reload refused, keeping the users and access rules in force: %s", exc)
+    else:
+        log.warning("reloaded the users file and access rules")
 
 
 def _stop_now() -> None:

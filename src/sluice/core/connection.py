@@ -518,6 +518,11 @@ class BrokerConnection:
             for candidate_id, sub in self._all_subscriptions()
             if sub_id is None or candidate_id == sub_id
         ]
+        if not candidates and sub_id is not None:
+            raise RequestError(
+                f"no subscription with id {sub_id!r} on this connection (the ACK or NACK for "
+                f"message-id {message_id!r} names it)"
+            )
         for sub in candidates:
             # Cumulative acks usually name the newest delivery, individual ones the oldest.
             order = reversed(sub.inflight) if sub.ack_mode is AckMode.CLIENT else iter(sub.inflight)

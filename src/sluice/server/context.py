@@ -1,6 +1,7 @@
 """What every session of a broker shares, handed to each session by the listener: the broker,
-its configuration, the STOMP limits, how to check credentials, and the set of live sessions;
-and why a session closes (`CloseReason`), the words its log and counters use.
+its configuration, the STOMP limits, how to check credentials and permissions (`Guard`), and the
+set of live sessions; and why a session closes (`CloseReason`), the words its log and counters
+use.
 
 A session reads what it needs here and never reaches into the listener, so the listener and the
 session do not import each other.
@@ -11,24 +12,37 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from sluice.auth.acl import AccessControl
+from sluice.auth.identity import ANONYMOUS, Identity, Refusal
 from sluice.config import Config
 from sluice.core.broker import Broker
 from sluice.stomp.codec import StompLimits
 
-# A client that has not sent CONNECT by then is closed.
-CONNECT_TIMEOUT_S = 30.0
-
-Authenticator = Callable[[str | None, str | None], bool]
+# CONNECT's `login` and `passcode` and the client's address (host) in; who it is, or why it is
+# refused, out. May be slow (a password hash): it runs on `Guard.executor` when there is one.
+Authenticator = Callable[[str | None, str | None, str], Identity | Refusal]
 
 
 class LiveSession(Protocol):
     """What the listener asks of a session it tracks."""
 
+    # Who the client logged in as; None until its CONNECT is accepted.
+    identity: Identity | None
+
     def shutdown(self) -> None:
         """Close the connection because the broker stops."""
+        ...
+
+    def revoke(self, reason: str) -> None:
+        """Close the connection because its user may no longer connect (a reload)."""
+        ...
+
+    def update_identity(self, identity: Identity) -> None:
+        """The user is still there with other groups (a reload)."""
         ...
 
 
@@ -47,10 +61,24 @@ class CloseReason(enum.Enum):
     INTERNAL_ERROR = "internal_error"
     STORE_FAILURE = "store_failure"
     STORE_FULL = "store_full"
+    AUTH_FAILED = "auth_failed"
+    ACCESS_DENIED = "access_denied"
+    USER_REMOVED = "user_removed"
 
 
-def _everyone(login: str | None, passcode: str | None) -> bool:
-    return True
+def _everyone(login: str | None, passcode: str | None, address: str) -> Identity | Refusal:
+    return ANONYMOUS
+
+
+@dataclass
+class Guard:
+    """Who may connect and what they may do. Mutable on purpose: a reload (SIGHUP) replaces
+    `access`, and every session sees the new rules at its next frame."""
+
+    authenticate: Authenticator = _everyone
+    access: AccessControl = field(default_factory=lambda: AccessControl(()))
+    # Where `authenticate` runs (None: inline, for authenticators that are quick).
+    executor: Executor | None = None
 
 
 @dataclass(frozen=True)
@@ -65,5 +93,4 @@ class SessionContext:
     server_name: str
     broker_name: str
     sessions: set[LiveSession]
-    authenticate: Authenticator = _everyone
-    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    guard: Guard = field(default_factory=Guard)

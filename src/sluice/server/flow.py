@@ -22,6 +22,8 @@ class ReadPause(enum.Enum):
     RECEIPTS = "receipts"
     # The transport's write buffer is above its high-water mark: the peer is not reading.
     OUTBOUND = "outbound"
+    # CONNECT's credentials are being checked (or a refused login waits out its delay).
+    LOGIN = "login"
     CLOSING = "closing"
 
 

@@ -1,22 +1,34 @@
-"""The broker server: recovers the stores it is given, listens for STOMP connections, and
-shuts down cleanly."""
+"""The broker server: recovers the stores it is given, checks who connects (the users file and
+the `[[acl]]` rules, reloaded on demand), listens for STOMP connections, and shuts down cleanly."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from sluice import __version__
+from sluice.auth.acl import AccessControl
+from sluice.auth.login import Authenticator as UsersAuthenticator
+from sluice.auth.users import UsersFile, load_users
 from sluice.config import Config
 from sluice.core.broker import Broker
-from sluice.server.context import Authenticator, LiveSession, SessionContext
+from sluice.server.context import Authenticator, Guard, LiveSession, SessionContext
 from sluice.server.session import StompSession
 from sluice.stomp.codec import StompLimits
 from sluice.store.api import MessageStore
 
 log = logging.getLogger(__name__)
+
+# Passwords are hashed on this many threads at most (scrypt takes tens of MiB and ms each).
+LOGIN_THREADS = 2
+
+
+def _users(config: Config) -> UsersFile | None:
+    path = config.auth.users_file
+    return load_users(path) if path is not None else None
 
 
 class BrokerServer:
@@ -30,15 +42,30 @@ class BrokerServer:
         temp_store: MessageStore | None = None,
         authenticate: Authenticator | None = None,
         now_ms: Callable[[], int] | None = None,
+        login_clock: Callable[[], float] | None = None,
     ) -> None:
         """`store` and `temp_store` come from `stores.open_stores` (or a test); `authenticate`
-        checks CONNECT's login and passcode (everyone is let in without one); `now_ms` is the
-        broker's wall clock in milliseconds (the system's unless a test gives its own)."""
+        replaces the check of CONNECT's credentials against `[auth] users_file`; `now_ms` is the
+        broker's wall clock in milliseconds and `login_clock` the monotonic clock of failed-login
+        lockouts (the system's unless a test gives its own). Raises `ConfigError` if the users
+        file cannot be used (unreadable, invalid, or open to group or others)."""
         self.config = config
         self.version = __version__
         self.loop = asyncio.get_running_loop()
         self.broker = Broker(config, store, self.loop, temp_store=temp_store, now_ms=now_ms)
         limits = config.limits
+        users = _users(config)
+        self.authenticator = UsersAuthenticator(
+            users,
+            allow_anonymous=config.auth.allow_anonymous,
+            limits=limits,
+            clock=login_clock or time.monotonic,
+        )
+        self.guard = Guard(
+            authenticate=authenticate or self.authenticator, access=AccessControl(config.acl)
+        )
+        if authenticate is None and users is not None:
+            self.guard.executor = self._login_executor()
         self.sessions: set[LiveSession] = set()
         context = SessionContext(
             broker=self.broker,
@@ -52,12 +79,55 @@ class BrokerServer:
             server_name=f"sluice/{__version__}",
             broker_name=config.broker_name,
             sessions=self.sessions,
+            guard=self.guard,
         )
-        if authenticate is not None:
-            context = dataclasses.replace(context, authenticate=authenticate)
         self.context = context
         self._server: asyncio.base_events.Server | None = None
         self.port = 0
+
+    @staticmethod
+    def _login_executor() -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(LOGIN_THREADS, thread_name_prefix="sluice-login")
+
+    def reload_auth(self, config: Config) -> None:
+        """Read the users file and take the `[[acl]]` rules of `config` (SIGHUP). Connections
+        stay up, except those of users no longer in the file (and anonymous ones, if anonymous
+        access is no longer allowed), which are closed; the others keep their user with its
+        new groups. Raises `ConfigError` (and changes nothing) if the users file is unusable."""
+        users = _users(config)
+        allow_anonymous = config.auth.allow_anonymous
+        guard = self.guard
+        self.authenticator.replace_users(users, allow_anonymous)
+        guard.access = AccessControl(config.acl)
+        if (
+            users is not None
+            and guard.executor is None
+            and guard.authenticate is self.authenticator
+        ):
+            guard.executor = self._login_executor()
+        self.broker.count("auth_reloads")
+        closed = 0
+        for session in list(self.sessions):
+            identity = session.identity
+            if identity is None:
+                continue
+            if identity.anonymous:
+                if users is not None and not allow_anonymous:
+                    session.revoke("anonymous access is no longer allowed")
+                    closed += 1
+                continue
+            user = users.get(identity.user) if users is not None else None
+            if user is None:
+                session.revoke(f"user {identity.user} was removed")
+                closed += 1
+            elif user.identity != identity:
+                session.update_identity(user.identity)
+        log.info(
+            "reloaded the users file (%s users) and %d access rules; closed %d connections",
+            len(users) if users is not None else "no",
+            len(config.acl),
+            closed,
+        )
 
     def _new_session(self) -> StompSession:
         return StompSession(self.context)
@@ -97,6 +167,8 @@ class BrokerServer:
         # Let the transports flush what they hold and run connection_lost.
         await asyncio.sleep(0)
         self.broker.close()
+        if self.guard.executor is not None:
+            self.guard.executor.shutdown(wait=False, cancel_futures=True)
         stats = self.broker.snapshot()
         names = ("store_full_episodes", "temp_full_episodes", "store_no_space_errors")
         if any(stats.get(name) for name in names):

@@ -22,7 +22,7 @@ from sluice.stomp.frames import Version
 class PendingReceipt:
     """A receipt waiting its turn: sent once `done` and every receipt before it is sent."""
 
-    __slots__ = ("closes", "done", "extra_headers", "receipt_id")
+    __slots__ = ("closes", "done", "error", "extra_headers", "receipt_id")
 
     def __init__(
         self,
@@ -31,6 +31,7 @@ class PendingReceipt:
         done: bool,
         extra_headers: str = "",
         closes: bool = False,
+        error: str | None = None,
     ) -> None:
         # None: the frame asked for no receipt, but later receipts still wait for its work.
         self.receipt_id = receipt_id
@@ -38,6 +39,9 @@ class PendingReceipt:
         self.extra_headers = extra_headers
         # DISCONNECT: close the connection once this receipt is out.
         self.closes = closes
+        # A refused frame: once the receipts before it are out, an ERROR with this message
+        # (and `receipt-id`), then the connection closes.
+        self.error = error
 
 
 class ReceiptQueue:
@@ -65,10 +69,13 @@ class ReceiptQueue:
         done: bool,
         extra_headers: str = "",
         closes: bool = False,
+        error: str | None = None,
     ) -> PendingReceipt:
         """Queue a receipt behind the others. The caller reads no further frame once this fills
         the queue: one frame adds at most one entry, so the queue never holds more than `limit`."""
-        entry = PendingReceipt(receipt_id, done=done, extra_headers=extra_headers, closes=closes)
+        entry = PendingReceipt(
+            receipt_id, done=done, extra_headers=extra_headers, closes=closes, error=error
+        )
         entries = self._entries
         entries.append(entry)
         if len(entries) >= self.limit and ReadPause.RECEIPTS not in self._flow.reasons_held:

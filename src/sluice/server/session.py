@@ -13,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+from sluice.auth.identity import Identity, Permission, Refusal
 from sluice.core.broker import FlowReason
 from sluice.core.connection import BrokerConnection
 from sluice.core.message import Message
 from sluice.core.subscription import Subscription
 from sluice.core.topic import Topic
 from sluice.errors import (
+    AccessDeniedError,
     DiskFullError,
     LimitExceeded,
     RemoteProtocolError,
@@ -30,6 +33,7 @@ from sluice.errors import (
     StoreFullError,
     StoreUnavailableError,
 )
+from sluice.server.access import SessionAccess
 from sluice.server.context import CloseReason, SessionContext
 from sluice.server.flow import FlowControl, ReadPause
 from sluice.server.outbound import Outbound
@@ -48,6 +52,7 @@ from sluice.server.translate import (
 from sluice.stomp.connection import ConnState, Role, StompConnection
 from sluice.stomp.encoding import escape_value
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
+from sluice.stomp.negotiation import UnsupportedVersionError
 
 if TYPE_CHECKING:
     from sluice.store.api import WriteHandle
@@ -98,6 +103,8 @@ class StompSession(asyncio.Protocol):
         self.log: logging.LoggerAdapter = _SessionLog(log, {"conn": "-", "peer": "-"})  # type: ignore[type-arg]
         self._version = Version.V1_2
         self._ack_by_id = True
+        self.access = SessionAccess(context.guard, self.broker)
+        self.identity: Identity | None = None
         # Heart-beat grace after reading resumes: the peer's beats were waiting in our socket.
         self._resumed_at = float("-inf")
         self._read_grace_s = 1.0
@@ -125,7 +132,7 @@ class StompSession(asyncio.Protocol):
             self._fail(CloseReason.LIMIT, f"limit max_connections={limit} reached")
             return
         self.context.sessions.add(self)
-        self._timer = self.loop.call_later(self.context.connect_timeout_s, self._connect_timeout)
+        self._timer = self.loop.call_later(limits.connect_timeout_s, self._connect_timeout)
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser and handle what it yields."""
@@ -241,6 +248,8 @@ class StompSession(asyncio.Protocol):
         try:
             handler = self._handlers[command]
             handler(self, core, frame, receipt)
+        except AccessDeniedError as exc:
+            self._denied(exc, receipt)
         except (RequestError, LimitExceeded) as exc:
             if isinstance(exc, StoreFullError):
                 reason = CloseReason.STORE_FULL
@@ -258,28 +267,74 @@ class StompSession(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        hb = self.config.heartbeat
+        # Nothing more is read until the credentials are checked (on a worker thread when the
+        # check is a password hash); frames sent behind CONNECT wait in the parser.
+        self.flow.pause(ReadPause.LOGIN)
+        guard = self.context.guard
+        args = (frame.headers.get("login"), frame.headers.get("passcode"), self._peer_host())
+        if guard.executor is None:
+            self._logged_in(frame, guard.authenticate(*args))
+            return
+        future = self.loop.run_in_executor(guard.executor, guard.authenticate, *args)
+
+        def done(future: asyncio.Future[Identity | Refusal]) -> None:
+            if self._closing:
+                return
+            try:
+                outcome = future.result()
+            except Exception:
+                self.log.exception("internal error while checking credentials")
+                self._fail(CloseReason.INTERNAL_ERROR, "internal error")
+                return
+            self._logged_in(frame, outcome)
+
+        future.add_done_callback(done)
+
+    def _peer_host(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return str(peer[0]) if isinstance(peer, tuple) and peer else "-"
+
+    def _logged_in(self, frame: Frame, outcome: Identity | Refusal) -> None:
         receipt = frame.headers.get("receipt")
-        authenticated = self.context.authenticate(
-            frame.headers.get("login"), frame.headers.get("passcode")
-        )
-        if not authenticated:
-            self._fail(
-                CloseReason.REQUEST_ERROR,
-                "access refused: bad login or passcode",
-                receipt_id=receipt,
+        if isinstance(outcome, Refusal):
+            self.broker.count(outcome.counter)
+            if outcome.locks:
+                self.broker.count("login_lockouts")
+            # The login name as sent (repr: it may hold anything), never the passcode.
+            self.log.warning("login refused for %r: %s", frame.headers.get("login"), outcome.reason)
+            # A refused login is answered late, so guessing passwords is slow.
+            self._timer = self.loop.call_later(
+                self.config.limits.login_failure_delay_s,
+                lambda: self._fail(CloseReason.AUTH_FAILED, outcome.reason, receipt_id=receipt),
             )
             return
         try:
-            data = self.stomp.accept(
-                frame,
-                server_heartbeat=(hb.send_ms, hb.receive_ms),
-                server_name=self.context.server_name,
-                session=f"{self.context.broker_name}-{id(self)}",
+            self._accept(frame, outcome, receipt)
+        except UnsupportedVersionError as exc:
+            self.broker.count("protocol_errors")
+            versions = ",".join(v.value for v in exc.supported)
+            self._fail(
+                CloseReason.PROTOCOL_ERROR,
+                str(exc),
+                receipt_id=receipt,
+                headers={"version": versions},
             )
-        except RemoteProtocolError as exc:
-            exc.receipt_id = receipt  # no common version, a malformed heart-beat
-            raise
+        except RemoteProtocolError as exc:  # a malformed heart-beat
+            self.broker.count("protocol_errors")
+            self._fail(CloseReason.PROTOCOL_ERROR, str(exc), receipt_id=receipt)
+
+    def _accept(self, frame: Frame, identity: Identity, receipt: str | None) -> None:
+        hb = self.config.heartbeat
+        data = self.stomp.accept(
+            frame,
+            server_heartbeat=(hb.send_ms, hb.receive_ms),
+            server_name=self.context.server_name,
+            session=f"{self.context.broker_name}-{secrets.token_hex(16)}",
+        )
+        self.identity = self.access.identity = identity
+        if not identity.anonymous:
+            self.broker.count("logins")
+            self.log.info("logged in as %s", identity.user)
         self._version = self.stomp.version
         self._ack_by_id = self._version is Version.V1_2
         self.core = BrokerConnection(self.broker, self, frame.headers.get("client-id"))
@@ -288,10 +343,40 @@ class StompSession(asyncio.Protocol):
         self._arm_heartbeat()
         if receipt is not None:
             self._receipt(receipt)
+        self.flow.resume(ReadPause.LOGIN)
+
+    def _denied(self, exc: AccessDeniedError, receipt: str | None) -> None:
+        """A refused frame: counted and logged; the receipts of earlier frames go out first (what
+        they acknowledge is done), then the ERROR, then the connection closes."""
+        self.broker.count("access_denied_" + exc.permission)
+        self.log.warning(
+            "access denied: user %s has no %s permission on %s",
+            exc.user,
+            exc.permission,
+            exc.destination,
+        )
+        if not self._receipts:
+            self._fail(CloseReason.ACCESS_DENIED, str(exc), receipt_id=receipt)
+            return
+        self.flow.pause(ReadPause.CLOSING)
+        self._receipts.add(receipt, done=True, error=str(exc))
+        self._flush_receipts()
+
+    def revoke(self, reason: str) -> None:
+        """The user may no longer connect (removed from the users file): ERROR, then close."""
+        if self._closing:
+            return
+        self.log.warning("closing: %s", reason)
+        self._fail(CloseReason.USER_REMOVED, reason)
+
+    def update_identity(self, identity: Identity) -> None:
+        """The user's groups changed (a reload): later frames are judged with the new ones."""
+        self.identity = self.access.identity = identity
 
     # -- frame handlers -------------------------------------------------------------------------
 
     def _on_send(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
+        self.access.check_use(frame.headers["destination"], Permission.WRITE)
         message = build_message(frame, self.broker.new_message_id(), self.broker.now_ms())
         txid = frame.headers.get("transaction")
         if message.persistent and txid is None:
@@ -315,6 +400,7 @@ class StompSession(asyncio.Protocol):
 
     def _on_subscribe(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
         sub_id, destination, mode, options = parse_subscribe(frame)
+        self.access.check_use(destination, Permission.READ)
         sub = core.subscribe(sub_id, destination, mode, options)
         escaped = (
             escape_value(sub_id, self._version) if self._version is not Version.V1_0 else sub_id
@@ -348,15 +434,26 @@ class StompSession(asyncio.Protocol):
 
     def _tag(self, core: BrokerConnection, frame: Frame) -> int:
         h = frame.headers
-        if self._ack_by_id:
+        if not self._ack_by_id:
+            tag = core.tag_for_message_id(h["message-id"], h.get("subscription"))
+        else:
             ack_id = h["id"]
             try:
-                return int(ack_id)
+                tag = int(ack_id)
             except ValueError:
                 raise RequestError(
                     f"no message awaiting acknowledgement with ack id {ack_id!r}"
                 ) from None
-        return core.tag_for_message_id(h["message-id"], h.get("subscription"))
+        sub = core.tags.get(tag)
+        if sub is not None:
+            named = h.get("subscription")
+            if named is not None and self._ack_by_id and named != sub.id:
+                raise RequestError(
+                    f"{frame.command} names subscription {named!r}, but ack id {tag} was "
+                    f"delivered on subscription {sub.id!r}"
+                )
+            self.access.check_use(sub.destination.name, Permission.READ)
+        return tag
 
     def _on_ack(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
         if receipt is None:
@@ -451,6 +548,9 @@ class StompSession(asyncio.Protocol):
     def _flush_receipts(self) -> None:
         disconnect = False
         for entry in self._receipts.pop_done():
+            if entry.error is not None:
+                self._fail(CloseReason.ACCESS_DENIED, entry.error, receipt_id=entry.receipt_id)
+                return
             if entry.receipt_id is not None:
                 self.outbound.write(
                     receipt_frame(entry.receipt_id, entry.extra_headers, self._version)
@@ -559,13 +659,18 @@ class StompSession(asyncio.Protocol):
         *,
         receipt_id: str | None = None,
         frame: Frame | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         """Send ERROR (with `receipt-id` when the failing frame asked for a receipt), then close."""
+        if self._closing:
+            return
         self.log.info("closing after error: %s", message)
         body = b""
         if frame is not None:
             body = f"The {frame.command} frame could not be processed.\n".encode()
-        self.outbound.write(self.stomp.error_frame(message, receipt_id=receipt_id, body=body))
+        self.outbound.write(
+            self.stomp.error_frame(message, receipt_id=receipt_id, body=body, headers=headers)
+        )
         self._close(reason)
 
     def _close(self, reason: CloseReason, *, abort: bool = False) -> None:

@@ -430,9 +430,9 @@ class StompConnection:
                 upstream, downstream = negotiate_heartbeat(client, server_heartbeat)
         except RemoteProtocolError as exc:
             raise self._fail(exc) from None
-        headers: dict[str, str] = {}
+        # `version` always, 1.0 too: clients and test suites of 1.1 and 1.2 look for it.
+        headers: dict[str, str] = {"version": version.value}
         if version is not Version.V1_0:
-            headers["version"] = version.value
             # The agreed values, so a client that negotiates either way reaches the same result.
             headers["heart-beat"] = f"{downstream},{upstream}"
         headers["session"] = session
