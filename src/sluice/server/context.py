@@ -1,5 +1,6 @@
 """What every session of a broker shares, handed to each session by the listener: the broker,
-its configuration, the STOMP limits, how to check credentials, and the set of live sessions;
+its configuration, the STOMP limits, how to check credentials, the set of live sessions and the
+budget of their inbound bytes;
 and why a session closes (`CloseReason`), the words its log and counters use.
 
 A session reads what it needs here and never reaches into the listener, so the listener and the
@@ -16,6 +17,7 @@ from typing import Protocol
 
 from sluice.config import Config
 from sluice.core.broker import Broker
+from sluice.server.inbound import InboundBudget, MemoryTrim
 from sluice.stomp.codec import StompLimits
 
 # A client that has not sent CONNECT by then is closed.
@@ -31,6 +33,10 @@ class LiveSession(Protocol):
         """Close the connection because the broker stops."""
         ...
 
+    def check_deadlines(self, now: float) -> None:
+        """Close the connection if a frame or the connection itself is past its deadline."""
+        ...
+
 
 class CloseReason(enum.Enum):
     """Why the broker closed (or saw the end of) a connection. Logged and counted."""
@@ -42,6 +48,8 @@ class CloseReason(enum.Enum):
     LIMIT = "limit"
     HEARTBEAT_TIMEOUT = "heartbeat_timeout"
     CONNECT_TIMEOUT = "connect_timeout"
+    FRAME_TIMEOUT = "frame_timeout"
+    IDLE_TIMEOUT = "idle_timeout"
     SLOW_CONSUMER = "slow_consumer"
     SHUTDOWN = "shutdown"
     INTERNAL_ERROR = "internal_error"
@@ -65,5 +73,10 @@ class SessionContext:
     server_name: str
     broker_name: str
     sessions: set[LiveSession]
+    # Inbound bytes of every session against `max_inbound_buffered_bytes`; memory given back.
+    inbound: InboundBudget
+    trim: MemoryTrim
+    # The frame bounds before CONNECTED (`max_frame_bytes_unauthenticated`).
+    stomp_limits_before_connected: StompLimits
     authenticate: Authenticator = _everyone
     connect_timeout_s: float = CONNECT_TIMEOUT_S
