@@ -64,6 +64,7 @@ class BrokerServer:
                 frame_limit_name="max_frame_bytes_unauthenticated",
             ),
         )
+        self.broker.memory_freed = context.trim.freed
         if authenticate is not None:
             context = dataclasses.replace(context, authenticate=authenticate)
         self.context = context
