@@ -9,7 +9,6 @@ from pathlib import Path
 
 from brokerproc import BrokerProcess
 from rawstomp import RawStomp
-
 from stomp_codec.test_fuzz import CONNECT, _case, _mutate
 
 CONNECTIONS = 300

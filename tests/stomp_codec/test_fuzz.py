@@ -132,10 +132,10 @@ def fuzz_parser(rng: random.Random, data: bytes) -> None:
                 if isinstance(event, Frame):
                     _within_limits(event, LIMITS)
             assert parser.buffered_bytes <= LIMITS.max_frame_bytes
-    except FrameLimitExceeded as exc:
-        assert exc.limit in ("max_frame_bytes", "max_header_bytes", "max_headers")
-    except RemoteProtocolError:
-        pass
+    except RemoteProtocolError as exc:
+        limit = exc.limit if isinstance(exc, FrameLimitExceeded) else "max_frame_bytes"
+        if limit not in ("max_frame_bytes", "max_header_bytes", "max_headers"):
+            raise AssertionError(f"unexpected limit {limit}") from exc
     parser.release()
     assert parser.buffered_bytes == 0
 
