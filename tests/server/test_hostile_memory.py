@@ -132,3 +132,50 @@ def test_a_peer_not_yet_connected_gets_the_small_frame_budget(tmp_path: Path) ->
     finally:
         assert broker.stop() == 0
     assert "Traceback" not in broker.log_text
+
+
+def test_a_peer_that_never_reads_is_held_then_closed_with_memory_bounded(tmp_path: Path) -> None:
+    """Receipted frames from a peer that reads nothing: the broker stops reading it at its
+    write buffer's mark, so neither replies nor frames pile up, and closes it as slow."""
+    broker = _broker(
+        tmp_path,
+        write_buffer_high_bytes=256 * 1024,
+        write_buffer_low_bytes=64 * 1024,
+        slow_consumer_timeout_s=2,
+    )
+    try:
+        peer = RawStomp(broker.port, timeout=60, rcvbuf=4096)
+        peer.connect(extra="heart-beat:0,0\n")
+        baseline = peer_peak = broker.rss_bytes()
+        receipt = b"." * 200
+        pairs = b"".join(
+            b"BEGIN\ntransaction:t\nreceipt:%d%b\n\n\0ABORT\ntransaction:t\nreceipt:%d%b\n\n\0"
+            % (n, receipt, n, receipt)
+            for n in range(256)
+        )
+        sent = 0
+        closed = False
+        peer.sock.settimeout(30)
+        while sent < 512 * MiB:
+            try:
+                peer.sock.sendall(pairs)
+            except (ConnectionResetError, BrokenPipeError):
+                closed = True
+                break
+            except TimeoutError:
+                break
+            sent += len(pairs)
+            if sent % (4 * MiB) < len(pairs):
+                peer_peak = max(peer_peak, broker.rss_bytes())
+        peer_peak = max(peer_peak, broker.rss_bytes())
+        print(
+            f"sent {sent / MiB:.1f} MiB; baseline {baseline / MiB:.1f} MiB, "
+            f"peak {peer_peak / MiB:.1f} MiB"
+        )
+        assert closed, "the broker kept reading a peer that reads nothing, or never closed it"
+        assert sent < 64 * MiB
+        assert peer_peak - baseline < 16 * MiB
+    finally:
+        assert broker.stop() == 0
+    assert "slow consumer" in broker.log_text
+    assert "Traceback" not in broker.log_text
