@@ -61,8 +61,10 @@ destination_idle_timeout_s = 2.0
         created_s = time.monotonic() - started
         full = broker.rss_bytes()
         assert full - baseline > 20 * MiB, "the destinations took no memory to measure"
+        # Back near the baseline. (On a busy machine creating them takes longer than the idle
+        # timeout, removal overlaps creation, and the peak measured is lower: hence "half".)
         wait_until(
-            lambda: broker.rss_bytes() - baseline < (full - baseline) / 4,
+            lambda: broker.rss_bytes() - baseline < min(24 * MiB, (full - baseline) / 2),
             timeout=60,
             what="idle destinations removed",
         )

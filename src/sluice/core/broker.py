@@ -227,6 +227,7 @@ class Broker:
         # on (a reader of its offsets never sees one twice); at most max_destinations of them.
         self._removed_topic_seqs: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         self._next_gc_ms = 0
+        self._removed_since_collect = 0
         # Told roughly how many bytes were freed at once (the server gives the memory back to
         # the system); by default nobody is.
         self.memory_freed: Callable[[int], None] = _ignore_freed
@@ -328,11 +329,13 @@ class Broker:
                 self._remove_destination(destination)
                 removed += 1
         if removed:
-            if removed >= _COLLECT_AFTER_REMOVED:
+            self._removed_since_collect += removed
+            if self._removed_since_collect >= _COLLECT_AFTER_REMOVED:
                 # A destination is freed by the cyclic collector (it holds callbacks to itself),
                 # which may not run for a long time on a broker that has gone quiet.
+                self.memory_freed(self._removed_since_collect * _DESTINATION_BYTES)
+                self._removed_since_collect = 0
                 gc.collect()
-            self.memory_freed(removed * _DESTINATION_BYTES)
             self.count("destinations_removed_idle", removed)
             log.info(
                 "removed %d idle destinations (unused for destination_idle_timeout_s=%g)",
