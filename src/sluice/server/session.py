@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from sluice.auth.identity import Identity, Permission, Refusal
-from sluice.core.broker import FlowReason
 from sluice.core.connection import BrokerConnection
 from sluice.core.message import Message
+from sluice.core.services import FlowReason
 from sluice.core.subscription import Subscription
 from sluice.core.topic import Topic
 from sluice.errors import (
