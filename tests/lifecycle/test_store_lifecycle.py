@@ -334,7 +334,7 @@ FIXED_FAILING_CASES = [
             "gc#39",
         ],
         "exception",
-        "Writer.retire_files with archiving: an error after the files were moved (EIO syncing "
+        "Maintenance.retire_files with archiving: an error after the files were moved (EIO syncing "
         "archive/) skips state.files_gone; every later collection archives them again and "
         "fails on os.truncate (FileNotFoundError), which fails the writer on the timer path",
     ),
