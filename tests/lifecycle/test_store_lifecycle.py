@@ -334,7 +334,7 @@ FIXED_FAILING_CASES = [
             "gc#39",
         ],
         "exception",
-        "Writer.retire_files with archiving: an error after the files were moved (EIO syncing "
+        "Maintenance.retire_files with archiving: an error after the files were moved (EIO syncing "
         "archive/) skips state.files_gone; every later collection archives them again and "
         "fails on os.truncate (FileNotFoundError), which fails the writer on the timer path",
     ),
@@ -635,7 +635,7 @@ def test_a_rebuild_keeps_a_remove_that_opens_a_file(tmp_path: Path) -> None:
     """Found by the simulation (seed 502 before the disk-full rework), reproduced directly: a
     data file whose first record is a REMOVE loses its dependency on the file of the ADD when
     the index is rebuilt (replay registers a file only after its records, and
-    `JournalState._add_deps` skips files it does not know). GC then deletes the REMOVE's file
+    `Tables.add_deps` skips files it does not know). GC then deletes the REMOVE's file
     while the ADD's file stays (another message pins it), and the next rebuild brings the
     acknowledged message back."""
     file_bytes = 16 * KiB

@@ -1,6 +1,7 @@
 """Garbage collection, archiving and compaction of data files: what may go and what to copy.
 
-The functions here decide; the writer (`Writer.collect`, on its thread) carries the plan out.
+The functions here decide; `maintenance.Maintenance.collect`, on the writer thread, carries the
+plan out.
 
 A file may go when it lies wholly before the index checkpoint, nothing pins it (`FileInfo.pins`),
 and every file it depends on is already gone (`FileInfo.deps`, so a remove never outlives the
