@@ -97,6 +97,8 @@ class StompSession(asyncio.Protocol):
         self.requests: Requests | None = None
         self.access = SessionAccess(context.guard, self.broker)
         self.identity: Identity | None = None
+        # The user counted in `user_connections` while this connection is open.
+        self._counted_user: str | None = None
         self.heartbeat = Heartbeat(
             self.loop,
             self.stomp,
@@ -342,6 +344,14 @@ class StompSession(asyncio.Protocol):
                 lambda: self._fail(CloseReason.AUTH_FAILED, outcome.reason, receipt_id=receipt),
             )
             return
+        if self._over_user_limit(outcome):
+            limit = self.config.limits.max_connections_per_user
+            self._fail(
+                CloseReason.LIMIT,
+                f"limit max_connections_per_user={limit} reached for user {outcome.user}",
+                receipt_id=receipt,
+            )
+            return
         try:
             self._accept(frame, outcome, receipt)
         except UnsupportedVersionError as exc:
@@ -357,6 +367,19 @@ class StompSession(asyncio.Protocol):
             self.broker.count("protocol_errors")
             self._fail(CloseReason.PROTOCOL_ERROR, str(exc), receipt_id=receipt)
 
+    def _over_user_limit(self, identity: Identity) -> bool:
+        """Whether the user already has `max_connections_per_user` connections (counted)."""
+        limit = self.config.limits.max_connections_per_user
+        if identity.anonymous or not limit:
+            return False
+        if self.context.user_connections[identity.user] < limit:
+            return False
+        self.broker.count("limit_max_connections_per_user")
+        self.log.warning(
+            "refusing a login of %s: limit max_connections_per_user=%d", identity.user, limit
+        )
+        return True
+
     def _accept(self, frame: Frame, identity: Identity, receipt: str | None) -> None:
         hb = self.config.heartbeat
         data = self.stomp.accept(
@@ -367,6 +390,8 @@ class StompSession(asyncio.Protocol):
         )
         self.identity = self.access.identity = identity
         if not identity.anonymous:
+            self.context.user_connections[identity.user] += 1
+            self._counted_user = identity.user
             self.broker.count("logins")
             self.log.info("logged in as %s", identity.user)
         self._version = self.stomp.version
@@ -574,6 +599,12 @@ class StompSession(asyncio.Protocol):
             self._held = 0
             self.context.inbound.update(self, 0)
         self.context.trim.freed(held)
+        if self._counted_user is not None:
+            users = self.context.user_connections
+            users[self._counted_user] -= 1
+            if users[self._counted_user] <= 0:
+                del users[self._counted_user]
+            self._counted_user = None
         if self.core is not None:
             self.core.close()
 
