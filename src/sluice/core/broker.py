@@ -91,6 +91,8 @@ class Broker:
         now_ms: Callable[[], int] | None = None,
         temp_store: MessageStore | None = None,
     ) -> None:
+        """One assignment per piece of the broker's state, each with what it is for: long
+        because the list is, and kept in one place so that it can be read as that list."""
         self.config = config
         self.limits = config.limits
         self.store = store
@@ -312,18 +314,8 @@ class Broker:
         if existing is not None:
             return existing
         kind, short = parse_destination(name)
-        if len(self.destinations) >= self.limits.max_destinations:
-            self.count("limit_max_destinations")
-            raise LimitExceeded("max_destinations", self.limits.max_destinations, name)
+        self._check_room_for(name, creator_id)
         if creator_id:
-            quota = self.limits.max_destinations_per_connection
-            if self._created[creator_id] >= quota:
-                self.count("limit_max_destinations_per_connection")
-                raise LimitExceeded(
-                    "max_destinations_per_connection",
-                    quota,
-                    f"{name}: this connection created {quota} destinations that still exist",
-                )
             self._created[creator_id] += 1
         policy = self._policy_for(kind, short)
         usage = Usage(
@@ -370,6 +362,21 @@ class Broker:
             for attacher in self.wildcards.match(short):
                 attacher.attach(destination)
         return destination
+
+    def _check_room_for(self, name: str, creator_id: int) -> None:
+        """Raise `LimitExceeded` (counted) if the table, or the creating connection's quota of
+        it, has no room for one more destination."""
+        if len(self.destinations) >= self.limits.max_destinations:
+            self.count("limit_max_destinations")
+            raise LimitExceeded("max_destinations", self.limits.max_destinations, name)
+        quota = self.limits.max_destinations_per_connection
+        if creator_id and self._created[creator_id] >= quota:
+            self.count("limit_max_destinations_per_connection")
+            raise LimitExceeded(
+                "max_destinations_per_connection",
+                quota,
+                f"{name}: this connection created {quota} destinations that still exist",
+            )
 
     def _policy_for(self, kind: DestinationKind, short: str) -> DestinationPolicy:
         for override_kind, pattern, policy in self._overrides:
