@@ -359,6 +359,21 @@ class JournalState:
         self.index.put(b"tx", key, encode_tx_remove(record.seq, file_no, record.destination))
         self.tables.tx_pin(file_no)
 
+    def tx_removed_files(self) -> set[int]:
+        """Files holding the records (ADD or TX_COMMIT) of live messages that an open
+        transaction removes."""
+        txn = self.index.txn
+        msgs = self._db[b"msgs"]
+        out: set[int] = set()
+        for key, value in txn.cursor(db=self._db[b"tx"]):
+            if key[8:9] != _TX_REMOVE:
+                continue
+            seq, _rfile, name = decode_tx_remove(value)
+            raw = txn.get(msg_key(dkey(name), seq), db=msgs)
+            if raw is not None:
+                out.update(MsgLoc.decode(raw).files())
+        return out
+
     def _close_tx(self, txno: int, file_no: int, seqs: tuple[int, ...] | None) -> None:
         """Commit (with `seqs`) or abort a transaction whose record is in `file_no`."""
         if txno >= self.next_txno:
