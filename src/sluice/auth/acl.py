@@ -97,11 +97,9 @@ class AccessControl:
         self.rules = tuple(rules)
         self._rules = [_Rule(rule) for rule in rules]
         self._cache: dict[tuple[Identity, str, Permission], bool] = {}
-
-    @property
-    def open(self) -> bool:
-        """No rules: everyone may do everything."""
-        return not self._rules
+        # No rules: everyone may do everything. (A plain attribute: it is read for every frame,
+        # and the rules of an instance never change; a reload makes a new one.)
+        self.open = not self._rules
 
     def allows(self, identity: Identity, destination: str, permission: Permission) -> bool:
         """Whether `identity` may do `permission` on `destination` (a full name such as

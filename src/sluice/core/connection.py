@@ -130,6 +130,9 @@ class BrokerConnection:
     # -- producing ------------------------------------------------------------------------------
 
     def _destination(self, name: str) -> Destination:
+        existing = self.broker.destinations.get(name)
+        if existing is not None:
+            return existing  # its name passed the checks when it was created
         self._check_name(name)
         try:
             return self.broker.destination(name, self.id)

@@ -544,14 +544,17 @@ class Queue(QueuePaging):
         if discarding and group_id in discarding:
             return _Verdict.DISCARD, None
         evicted = self._evicted
-        if evicted and group_id is not None and evicted.blocks(group_id, message.seq):
+        if group_id is not None and evicted and evicted.blocks(group_id, message.seq):
             return (_Verdict.HOPELESS if message.in_store else _Verdict.WAIT), None
         if not self.marks.allows(message.seq):
             return _Verdict.WAIT, None
         if p.held and group_id in p.held:
             return (_Verdict.SKIP if message.in_store else _Verdict.WAIT), None
         sub = self._choose(message, p.ready)
-        if sub is not None and not sub.fits(message):
+        # Round robin chose among those it fits; a group's owner or an exclusive consumer was
+        # chosen without looking at its credit.
+        owned = group_id is not None or self.exclusive_owner is not None
+        if sub is not None and owned and not sub.fits(message):
             # Not within its consumer's byte credit: nothing after it of its group (or of the
             # queue, for an exclusive consumer) may overtake it.
             if group_id is None or self.exclusive_owner is not None:

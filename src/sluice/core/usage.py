@@ -41,10 +41,13 @@ class Usage:
 
     @property
     def full(self) -> bool:
-        """True when this usage or its parent is at or above its limit."""
-        if self.limit_bytes and self.used >= self.limit_bytes:
-            return True
-        return self.parent is not None and self.parent.full
+        """True when this usage or one above it is at or above its limit."""
+        usage: Usage | None = self
+        while usage is not None:
+            if usage.limit_bytes and usage.used >= usage.limit_bytes:
+                return True
+            usage = usage.parent
+        return False
 
     @property
     def headroom_bytes(self) -> int | None:
