@@ -327,7 +327,12 @@ class ClientLink(asyncio.Protocol):
         versions: Sequence[Version],
         extra_headers: Mapping[str, str],
     ) -> None:
-        """Send CONNECT."""
+        """Send CONNECT; `ConnectionLost` if the connection ended already (a TLS broker that
+        refuses our certificate closes right after the handshake)."""
+        if self._error is not None:
+            raise self._error
+        if self._transport is None or self._conn.state is not ConnState.AWAITING_CONNECT:
+            raise ConnectionLost(f"connection to {self.label} closed before CONNECT")
         data = self._conn.connect(
             host=host,
             login=login,

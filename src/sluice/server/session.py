@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from sluice.auth.identity import Identity, Permission, Refusal
+from sluice.auth.tls import certificate_name
 from sluice.core.broker import FlowReason
 from sluice.core.connection import BrokerConnection
 from sluice.core.message import Message
@@ -271,7 +272,12 @@ class StompSession(asyncio.Protocol):
         # check is a password hash); frames sent behind CONNECT wait in the parser.
         self.flow.pause(ReadPause.LOGIN)
         guard = self.context.guard
-        args = (frame.headers.get("login"), frame.headers.get("passcode"), self._peer_host())
+        args = (
+            frame.headers.get("login"),
+            frame.headers.get("passcode"),
+            self._peer_host(),
+            self._certificate_name(),
+        )
         if guard.executor is None:
             self._logged_in(frame, guard.authenticate(*args))
             return
@@ -293,6 +299,11 @@ class StompSession(asyncio.Protocol):
     def _peer_host(self) -> str:
         peer = self.transport.get_extra_info("peername") if self.transport is not None else None
         return str(peer[0]) if isinstance(peer, tuple) and peer else "-"
+
+    def _certificate_name(self) -> str | None:
+        # From the TLS handshake (a verified certificate), never from a frame.
+        transport = self.transport
+        return certificate_name(transport.get_extra_info("peercert")) if transport else None
 
     def _logged_in(self, frame: Frame, outcome: Identity | Refusal) -> None:
         receipt = frame.headers.get("receipt")
