@@ -3,7 +3,9 @@ TLS handshakes.
 
 Makes a CA and a server certificate with the `openssl` commands of docs/security.md, starts
 `sluice broker` with a plain and a TLS `[[listeners]]`, then runs `sluice bench throughput` over
-each, interleaved (plain, TLS, plain, TLS, ...), and prints the medians and their ratio. Then it
+each, interleaved (plain, TLS, plain, TLS, ...), and prints the medians of the throughput and of
+the broker's CPU time per message (read from /proc: steadier than throughput on a shared
+machine), and their ratios. Then it
 opens `--connections` connections over each listener, `--concurrency` at a time, each a TCP
 connect, the TLS handshake (for TLS), STOMP CONNECT/CONNECTED and a close, and prints
 connections per second.
@@ -121,7 +123,10 @@ def start_broker(directory: Path) -> tuple[subprocess.Popen[str], int, int]:
     raise RuntimeError("the broker did not start")
 
 
-def throughput(port: int, tls_args: list[str], count: int, out: Path) -> float:
+def throughput(
+    port: int, tls_args: list[str], count: int, out: Path, broker_pid: int
+) -> tuple[float, float]:
+    """One run: (messages per second, broker CPU microseconds per message)."""
     command = [
         sys.executable,
         "-m",
@@ -138,12 +143,17 @@ def throughput(port: int, tls_args: list[str], count: int, out: Path) -> float:
         str(count),
         "--broker",
         f"127.0.0.1:{port}",
+        "--broker-pid",
+        str(broker_pid),
         "--json",
         str(out),
         *tls_args,
     ]
     subprocess.run(command, check=True, capture_output=True)
-    return float(json.loads(out.read_text())["results"]["messages_per_s"])
+    results = json.loads(out.read_text())["results"]
+    return float(results["messages_per_s"]), float(
+        results["cpu"]["measured"]["broker"]["us_per_msg"]
+    )
 
 
 async def _connections(target: BrokerTarget, total: int, concurrency: int) -> float:
@@ -174,14 +184,21 @@ def main() -> None:
     proc, plain_port, tls_port = start_broker(directory)
     try:
         tls_args = ["--tls", "--ca", str(directory / "ca.pem")]
-        plain: list[float] = []
-        tls: list[float] = []
+        plain: list[tuple[float, float]] = []
+        tls: list[tuple[float, float]] = []
         for run in range(args.runs):
-            plain.append(throughput(plain_port, [], args.count, directory / "plain.json"))
-            tls.append(throughput(tls_port, tls_args, args.count, directory / "tls.json"))
-            print(f"run {run + 1}: plain {plain[-1]:,.0f} msg/s, tls {tls[-1]:,.0f} msg/s")
-        p, t = statistics.median(plain), statistics.median(tls)
+            plain.append(throughput(plain_port, [], args.count, directory / "p.json", proc.pid))
+            tls.append(throughput(tls_port, tls_args, args.count, directory / "t.json", proc.pid))
+            print(
+                f"run {run + 1}: plain {plain[-1][0]:,.0f} msg/s {plain[-1][1]:.1f} us/msg, "
+                f"tls {tls[-1][0]:,.0f} msg/s {tls[-1][1]:.1f} us/msg"
+            )
+        p = statistics.median(r[0] for r in plain)
+        t = statistics.median(r[0] for r in tls)
         print(f"throughput median: plain {p:,.0f} msg/s, tls {t:,.0f} msg/s, tls/plain {t / p:.2f}")
+        p = statistics.median(r[1] for r in plain)
+        t = statistics.median(r[1] for r in tls)
+        print(f"broker CPU median: plain {p:.1f} us/msg, tls {t:.1f} us/msg, tls/plain {t / p:.2f}")
         plain_target = BrokerTarget("127.0.0.1", plain_port)
         tls_target = BrokerTarget("127.0.0.1", tls_port, ca=str(directory / "ca.pem"))
         for name, target in (("plain", plain_target), ("tls", tls_target)):
