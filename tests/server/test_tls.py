@@ -59,7 +59,9 @@ def users_file(tmp_path: Path) -> Path:
     return path
 
 
-def _start(pki: Pki, client_cert: str, **overrides: Any) -> RunningBroker:
+def _start(
+    pki: Pki, client_cert: str, connect_timeout_s: float = 30.0, **overrides: Any
+) -> RunningBroker:
     tls = {
         "cert": str(pki.server.cert),
         "key": str(pki.server.key),
@@ -68,7 +70,7 @@ def _start(pki: Pki, client_cert: str, **overrides: Any) -> RunningBroker:
     }
     return start_broker(
         listeners=[{"host": "127.0.0.1", "port": 0}, {"host": "127.0.0.1", "port": 0, "tls": tls}],
-        limits={"login_failure_delay_s": 0},
+        limits={"login_failure_delay_s": 0, "connect_timeout_s": connect_timeout_s},
         **overrides,
     )
 
@@ -407,3 +409,17 @@ def test_a_login_header_never_stands_for_a_certificate(secured: RunningBroker) -
     with pytest.raises(stomp.exception.ConnectFailedException):
         conn.connect("alice", "", wait=True, headers={"x-ssl-client-cn": "alice"})
     assert "logins" not in secured.stats()
+
+
+def test_a_silent_peer_is_dropped_at_the_handshake_deadline(
+    pki: Pki, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    broker = _start(pki, "none", connect_timeout_s=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", _tls(broker)), 5) as sock:
+            sock.settimeout(20)
+            assert sock.recv(100) == b""  # closed by the broker, not by us
+        assert "taking longer than 0.5 seconds" in _handshake_failures(broker, 1, caplog)
+    finally:
+        broker.stop()

@@ -29,22 +29,25 @@ _ACCEPT_RETRY_S = 0.1
 _OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
+def _listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """One socket per address `host` names (`""`: every interface), as `create_server` binds."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind(address)
-        sock.listen(BACKLOG)
-        sock.setblocking(False)
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
     except BaseException:
-        sock.close()
+        for sock in sockets:
+            sock.close()
         raise
-    return sock
+    return sockets
 
 
 class TlsListener:
@@ -63,16 +66,17 @@ class TlsListener:
         self.make_session = make_session
         self.timeout_s = timeout_s
         self.count = count
-        self.sock: socket.socket | None = None
+        self.sockets: list[socket.socket] = []
         self.port = 0
-        self._accepting: asyncio.Task[None] | None = None
+        self._accepting: list[asyncio.Task[None]] = []
         self._handshakes: set[asyncio.Task[None]] = set()
 
     def listen(self, host: str, port: int) -> None:
         """Bind, listen and start accepting; `OSError` if the address cannot be had."""
-        self.sock = _listening_socket(host, port)
-        self.port = self.sock.getsockname()[1]
-        self._accepting = asyncio.get_running_loop().create_task(self._accept(self.sock))
+        self.sockets = _listening_sockets(host, port)
+        self.port = self.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        self._accepting = [loop.create_task(self._accept(sock)) for sock in self.sockets]
 
     async def _accept(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -110,14 +114,12 @@ class TlsListener:
 
     def close(self) -> None:
         """Stop accepting and drop the handshakes in progress."""
-        if self._accepting is not None:
-            self._accepting.cancel()
-            self._accepting = None
-        for task in list(self._handshakes):
+        for task in [*self._accepting, *self._handshakes]:
             task.cancel()
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        self._accepting = []
+        for sock in self.sockets:
+            sock.close()
+        self.sockets = []
 
 
 def _peer(peer: object) -> str:
