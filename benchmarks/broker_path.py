@@ -44,6 +44,9 @@ class FakeTransport:
     def set_write_buffer_limits(self, high: int, low: int) -> None:
         pass
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # every write is taken at once
+
     def is_closing(self) -> bool:
         return self.closing
 

@@ -53,4 +53,5 @@ def test_benchmark_script_runs(argv: list[str], expected: str, tmp_path: Path) -
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert expected in done.stdout, done.stdout[-3000:]

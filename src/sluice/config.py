@@ -122,6 +122,26 @@ class Limits:
     login_lockout_failures: int = 5
     login_lockout_window_s: float = 300.0
     max_login_failure_records: int = 10_000
+    # -- Against hostile or broken clients (see docs/security.md) --
+    # Bytes of frames still arriving (and frames read but not yet handled), all connections
+    # together. Past it, the connection holding the largest partial frame gets an ERROR.
+    max_inbound_buffered_bytes: int = 256 * MiB
+    # The frame size allowed before a connection is CONNECTED (RabbitMQ's
+    # max_frame_size_unauthenticated): CONNECT and nothing else needs more than this.
+    max_frame_bytes_unauthenticated: int = 64 * KiB
+    # A frame whose first byte came must be complete within this (0: no deadline). The clock
+    # stops while the broker itself is not reading the connection (flow control).
+    frame_timeout_s: float = 60.0
+    # A connection without heart-beats from its peer that has sent nothing for this long and
+    # holds nothing (no subscription, transaction, stream, receipt) is closed (0: never).
+    idle_timeout_s: float = 600.0
+    # Destinations one connection created that still exist (its own quota of max_destinations).
+    max_destinations_per_connection: int = 10_000
+    # The UTF-8 length of a destination name a client gives, prefix (/queue/, /topic/) included.
+    max_destination_name_bytes: int = 512
+    # An empty, unused destination is removed after this long (ActiveMQ's gcInactiveDestinations,
+    # RabbitMQ's auto-delete); 0 keeps every destination for ever.
+    destination_idle_timeout_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -295,6 +315,12 @@ class Config:
             raise ConfigError("limits.max_pending_receipts_per_connection must be at least 1")
         if lim.max_header_bytes > lim.max_frame_bytes:
             raise ConfigError("limits.max_header_bytes must not exceed max_frame_bytes")
+        if lim.max_frame_bytes_unauthenticated < 1 * KiB:
+            raise ConfigError("limits.max_frame_bytes_unauthenticated must be at least 1 KiB")
+        if lim.max_inbound_buffered_bytes < lim.max_frame_bytes:
+            raise ConfigError("limits.max_inbound_buffered_bytes must not be below max_frame_bytes")
+        if lim.max_destination_name_bytes < 8:
+            raise ConfigError("limits.max_destination_name_bytes must be at least 8")
         if not 0.0 < lim.memory_resume_ratio <= 1.0:
             raise ConfigError("limits.memory_resume_ratio must be in (0, 1]")
         store = self.store

@@ -325,7 +325,10 @@ class _Getter:
             if record.complete:
                 if size is not None:
                     final = folder.finalize(record)
-                    _say(self.args, f"completed {final} (left by an earlier run)")
+                    _say(
+                        self.args,
+                        f"completed {final} (left by an earlier run){_renamed(record, final)}",
+                    )
                 continue
             if size is None:
                 folder.drop(record, delete_part=False)
@@ -430,8 +433,15 @@ class _Getter:
         _say(
             self.args,
             f"received {final} ({format_bytes(stream.length or 0)}, {checked},"
-            f" {format_bytes(progress.average_rate())}/s)",
+            f" {format_bytes(progress.average_rate())}/s){_renamed(record, final)}",
         )
+
+
+def _renamed(record: PartRecord, final: Path) -> str:
+    """Words for a file saved under another name than its stream's, because that one was taken."""
+    if final.name == record.name:
+        return ""
+    return f"; {record.name} exists and was left alone, saved as {final.name}"
 
 
 def run_get(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import gc
 import itertools
 import logging
 import os
@@ -46,6 +47,10 @@ MIN_SWEEP_INTERVAL_S = 0.1
 # Disk use is measured this often (a statvfs and the store's counters), and estimated between.
 DISK_CHECK_INTERVAL_S = 0.25
 DLQ_REASON = "x-dlq-reason"
+# Idle destinations removed at once past which the cyclic garbage collector is run, and what one
+# destination is reckoned to take (for `Broker.memory_freed`).
+_COLLECT_AFTER_REMOVED = 1000
+_DESTINATION_BYTES = 4096
 
 
 class Loop(Protocol):
@@ -132,11 +137,14 @@ def _disk_budgets(
 
 
 def _sweep_interval_s(config: Config) -> float:
-    """How often expiry and idle streams are swept: often enough for the shortest stream idle
-    timeout of any destination, within bounds."""
+    """How often expiry, idle streams and idle destinations are swept: often enough for the
+    shortest stream idle timeout of any destination and for the destination idle timeout, within
+    bounds."""
     idle_timeouts = [config.policy.stream_idle_timeout_s] + [
         override.policy.stream_idle_timeout_s for override in config.destinations
     ]
+    if config.limits.destination_idle_timeout_s:
+        idle_timeouts.append(config.limits.destination_idle_timeout_s)
     return max(MIN_SWEEP_INTERVAL_S, min(EXPIRY_SWEEP_INTERVAL_S, min(idle_timeouts) / 2))
 
 
@@ -213,6 +221,16 @@ class Broker:
         # Wildcard topic subscriptions, by pattern: each attaches to matching topics as they
         # appear.
         self.wildcards: WildcardIndex[TopicAttacher] = WildcardIndex()
+        # Destinations each live connection created that still exist, by connection id.
+        self._created: collections.Counter[int] = collections.Counter()
+        # The last sequence of topics removed when idle, so that a topic created again numbers
+        # on (a reader of its offsets never sees one twice); at most max_destinations of them.
+        self._removed_topic_seqs: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self._next_gc_ms = 0
+        self._removed_since_collect = 0
+        # Told roughly how many bytes were freed at once (the server gives the memory back to
+        # the system); by default nobody is.
+        self.memory_freed: Callable[[int], None] = _ignore_freed
 
     # -- services for destinations ------------------------------------------------------------
 
@@ -289,7 +307,63 @@ class Broker:
                 elif isinstance(destination, Topic):
                     destination.sweep(now_ms)
         self.abort_idle_streams(now_ms)
+        timeout_s = self.limits.destination_idle_timeout_s
+        if timeout_s and now_ms >= self._next_gc_ms:
+            self._next_gc_ms = now_ms + int(min(timeout_s / 2, EXPIRY_SWEEP_INTERVAL_S) * 1000)
+            self.remove_idle_destinations(now_ms)
         self._sweep_timer = self._loop.call_later(self._sweep_interval_s, self._sweep)
+
+    def remove_idle_destinations(self, now_ms: int) -> int:
+        """Remove the destinations found unused (`Destination.unused`), with no message
+        published, since `destination_idle_timeout_s` ago: from the table, and from the stores'
+        records. Returns how many went."""
+        timeout_ms = int(self.limits.destination_idle_timeout_s * 1000)
+        removed = 0
+        for destination in list(self.destinations.values()):
+            if not destination.unused():
+                destination.unused_since_ms = 0
+            elif not destination.unused_since_ms or destination.unused_seq != destination.last_seq:
+                destination.unused_since_ms = now_ms
+                destination.unused_seq = destination.last_seq
+            elif now_ms - destination.unused_since_ms >= timeout_ms:
+                self._remove_destination(destination)
+                removed += 1
+        if removed:
+            self._removed_since_collect += removed
+            if self._removed_since_collect >= _COLLECT_AFTER_REMOVED:
+                # A destination is freed by the cyclic collector (it holds callbacks to itself),
+                # which may not run for a long time on a broker that has gone quiet.
+                self.memory_freed(self._removed_since_collect * _DESTINATION_BYTES)
+                self._removed_since_collect = 0
+                gc.collect()
+            self.count("destinations_removed_idle", removed)
+            log.info(
+                "removed %d idle destinations (unused for destination_idle_timeout_s=%g)",
+                removed,
+                self.limits.destination_idle_timeout_s,
+            )
+        return removed
+
+    def _remove_destination(self, destination: Destination) -> None:
+        name = destination.name
+        del self.destinations[name]
+        destination.stop()
+        destination.usage.detach()
+        creator = destination.creator_id
+        if creator in self._created:
+            self._created[creator] -= 1
+        if isinstance(destination, Topic):
+            # A new key, not the name itself: the name was allocated among the destination's
+            # own objects, and keeping it would pin their memory in the allocator's arenas.
+            key = name.encode()
+            seqs = self._removed_topic_seqs
+            seqs[key] = destination.last_seq
+            seqs.move_to_end(key)
+            while len(seqs) > self.limits.max_destinations:
+                seqs.popitem(last=False)
+        self.store.delete_destination(name)
+        if self.temp_store is not None:
+            self.temp_store.delete_destination(name)
 
     def abort_idle_streams(self, now_ms: int) -> None:
         """End with an abort marker every live stream of which no chunk came within its
@@ -303,8 +377,9 @@ class Broker:
 
     # -- destinations ---------------------------------------------------------------------------
 
-    def destination(self, name: str) -> Destination:
-        """The destination with this full name (`/queue/x`, `/topic/x`), created on first use."""
+    def destination(self, name: str, creator_id: int = 0) -> Destination:
+        """The destination with this full name (`/queue/x`, `/topic/x`), created on first use;
+        a connection that creates one (`creator_id`) is held to its quota."""
         existing = self.destinations.get(name)
         if existing is not None:
             return existing
@@ -312,6 +387,16 @@ class Broker:
         if len(self.destinations) >= self.limits.max_destinations:
             self.count("limit_max_destinations")
             raise LimitExceeded("max_destinations", self.limits.max_destinations, name)
+        if creator_id:
+            quota = self.limits.max_destinations_per_connection
+            if self._created[creator_id] >= quota:
+                self.count("limit_max_destinations_per_connection")
+                raise LimitExceeded(
+                    "max_destinations_per_connection",
+                    quota,
+                    f"{name}: this connection created {quota} destinations that still exist",
+                )
+            self._created[creator_id] += 1
         policy = self._policy_for(kind, short)
         usage = Usage(
             name,
@@ -346,6 +431,12 @@ class Broker:
             )
         destination.dedup.size = self.limits.dedup_window
         destination.open_streams.limit = self.limits.max_open_streams_per_destination
+        destination.creator_id = creator_id
+        if isinstance(destination, Topic):
+            last_seq = self._removed_topic_seqs.pop(name.encode(), None)
+            if last_seq is not None:
+                destination.last_seq = last_seq
+                destination.base_seq = last_seq + 1
         self.destinations[name] = destination
         if isinstance(destination, Topic):
             for attacher in self.wildcards.match(short):
@@ -591,6 +682,10 @@ class Broker:
         self._write_waiters[key] = producer
         producer.pause_producer(FlowReason.PENDING_WRITES)
 
+    def forget_creator(self, connection_id: int) -> None:
+        """A connection closed: its destinations no longer count against a quota."""
+        self._created.pop(connection_id, None)
+
     def forget_producer(self, key: Hashable, usages: Iterable[Usage] = ()) -> None:
         """A connection closed: drop it from the wait lists it is on."""
         self._write_waiters.pop(key, None)
@@ -620,6 +715,10 @@ def _resume_bytes(file_bytes: int, limit_bytes: int) -> int:
     """Room a full store needs back before producers resume: one journal file (collection
     frees whole files), or a quarter of a smaller limit."""
     return min(file_bytes, limit_bytes // 4) if limit_bytes else file_bytes
+
+
+def _ignore_freed(nbytes: int) -> None:
+    """Nobody asked to hear of freed memory."""
 
 
 def _not_waited(handle: WriteHandle | None) -> None:

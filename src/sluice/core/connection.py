@@ -129,10 +129,20 @@ class BrokerConnection:
     # -- producing ------------------------------------------------------------------------------
 
     def _destination(self, name: str) -> Destination:
+        self._check_name(name)
         try:
-            return self.broker.destination(name)
+            return self.broker.destination(name, self.id)
         except DestinationNameError as exc:
             raise RequestError(str(exc)) from None
+
+    def _check_name(self, name: str) -> None:
+        limit = self.broker.limits.max_destination_name_bytes
+        size = len(name.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            self.broker.count("limit_max_destination_name_bytes")
+            raise LimitExceeded(
+                "max_destination_name_bytes", limit, f"a destination name of {size} bytes"
+            )
 
     def send(
         self,
@@ -291,6 +301,7 @@ class BrokerConnection:
                 raise RequestError(
                     "a wildcard subscription cannot be durable or start at an x-offset"
                 )
+            self._check_name(destination_name)
             pattern = destination_name[len(TOPIC_PREFIX) :]
             self._subscribe_wildcard(sub_id, pattern, ack_mode, options, selector)
             return None
@@ -333,7 +344,8 @@ class BrokerConnection:
         if sub_id in self.subs or sub_id in self.wildcard_subs:
             raise RequestError(f"subscription id {sub_id!r} is already in use on this connection")
         limit = self.broker.limits.max_subscriptions_per_connection
-        if len(self.subs) >= limit:
+        # A wildcard subscription counts as one, whatever number of topics it attaches to.
+        if len(self.subs) + len(self.wildcard_subs) >= limit:
             self.broker.count("limit_max_subscriptions_per_connection")
             raise LimitExceeded("max_subscriptions_per_connection", limit)
 
@@ -597,3 +609,4 @@ class BrokerConnection:
         self.wildcard_subs.clear()
         self.broker.forget_producer(self, self._waiting_on)
         self._waiting_on.clear()
+        self.broker.forget_creator(self.id)

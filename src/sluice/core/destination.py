@@ -114,6 +114,13 @@ class Destination:
         self._scheduled = False
         self._stopped = False
         self._dispatch_cb = self._run_dispatch
+        # Open transactions holding messages for this destination (it must not be removed).
+        self.pins = 0
+        # The connection that created it (its quota, `max_destinations_per_connection`); when
+        # the broker first found it unused, and its `last_seq` then (see `Broker`).
+        self.creator_id = 0
+        self.unused_since_ms = 0
+        self.unused_seq = 0
 
     # -- dispatch scheduling --------------------------------------------------------------------
 
@@ -196,6 +203,12 @@ class Destination:
     def depth(self) -> int:
         """Messages waiting for a consumer."""
         raise NotImplementedError
+
+    def unused(self) -> bool:
+        """Holds no message and serves nobody: no subscription, no live stream, no open
+        transaction's message, no memory, nothing being written. Such a destination may be
+        removed once idle (`limits.destination_idle_timeout_s`)."""
+        return not (self.subscriptions or self.open_streams or self.pins or self.usage.used)
 
     # -- live streams ---------------------------------------------------------------------------
 

@@ -283,6 +283,18 @@ class Queue(QueuePaging):
         """Messages waiting for a consumer in memory (not counting those in flight)."""
         return len(self.pending)
 
+    def unused(self) -> bool:
+        """See `Destination.unused`; besides, nothing left in a store (every message taken in
+        was read: a queue recovered with messages, or paged out, stays)."""
+        return (
+            super().unused()
+            and not self.pending
+            and not self._unwritten
+            and not self._evicted
+            and not self._retained
+            and self.loaded_seq >= self.last_seq
+        )
+
     # -- consumers ------------------------------------------------------------------------------
 
     def add_subscription(self, sub: Subscription) -> None:

@@ -93,6 +93,13 @@ class TopicLog(Destination):
         """Messages kept in the log in memory."""
         return len(self._log) - self._head
 
+    def unused(self) -> bool:
+        """See `Destination.unused`; besides, no durable subscription, no retention, an empty
+        log."""
+        return (
+            super().unused() and not self.keeps_messages and not self.depth and not self._unwritten
+        )
+
     @property
     def keeps_messages(self) -> bool:
         """Does the topic keep messages beyond its active subscribers (durables, retention)?"""

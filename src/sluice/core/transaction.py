@@ -102,6 +102,7 @@ class Transaction:
             broker.track_write(message)
             broker.store.add(message, broker.write_done, self.store_id)
         self.adds.append((destination, kept))
+        destination.pins += 1
         self.held_bytes += held
         broker.usage.add(held)
         return store is None
@@ -124,6 +125,7 @@ class Transaction:
             if waiting:
                 return
             broker.usage.release(self.held_bytes)
+            self._unpin()
             if not failed:
                 self._publish(plan)
                 on_done()
@@ -202,7 +204,13 @@ class Transaction:
         if self.uses_temp_store and broker.temp_store is not None:
             broker.temp_store.abort(self.store_id)
         broker.usage.release(self.held_bytes)
+        self._unpin()
         self._requeue_acks()
+
+    def _unpin(self) -> None:
+        """The transaction ended: its destinations may be removed when idle."""
+        for destination, _message in self.adds:
+            destination.pins -= 1
 
     def _requeue_acks(self) -> None:
         by_sub: dict[Subscription, list[tuple[int, Message]]] = {}

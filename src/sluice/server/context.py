@@ -1,7 +1,7 @@
 """What every session of a broker shares, handed to each session by the listener: the broker,
-its configuration, the STOMP limits, how to check credentials and permissions (`Guard`), and the
-set of live sessions; and why a session closes (`CloseReason`), the words its log and counters
-use.
+its configuration, the STOMP limits, how to check credentials and permissions (`Guard`), the
+set of live sessions and the budget of their inbound bytes; and why a session closes
+(`CloseReason`), the words its log and counters use.
 
 A session reads what it needs here and never reaches into the listener, so the listener and the
 session do not import each other.
@@ -20,6 +20,7 @@ from sluice.auth.acl import AccessControl
 from sluice.auth.identity import ANONYMOUS, Identity, Refusal
 from sluice.config import Config
 from sluice.core.broker import Broker
+from sluice.server.inbound import InboundBudget, MemoryTrim
 from sluice.stomp.codec import StompLimits
 
 # CONNECT's `login` and `passcode`, the client's address (host) and the subject CN of its
@@ -46,6 +47,10 @@ class LiveSession(Protocol):
         """The user is still there with other groups (a reload)."""
         ...
 
+    def check_deadlines(self, now: float) -> None:
+        """Close the connection if a frame or the connection itself is past its deadline."""
+        ...
+
 
 class CloseReason(enum.Enum):
     """Why the broker closed (or saw the end of) a connection. Logged and counted."""
@@ -57,6 +62,8 @@ class CloseReason(enum.Enum):
     LIMIT = "limit"
     HEARTBEAT_TIMEOUT = "heartbeat_timeout"
     CONNECT_TIMEOUT = "connect_timeout"
+    FRAME_TIMEOUT = "frame_timeout"
+    IDLE_TIMEOUT = "idle_timeout"
     SLOW_CONSUMER = "slow_consumer"
     SHUTDOWN = "shutdown"
     INTERNAL_ERROR = "internal_error"
@@ -96,4 +103,9 @@ class SessionContext:
     server_name: str
     broker_name: str
     sessions: set[LiveSession]
+    # Inbound bytes of every session against `max_inbound_buffered_bytes`; memory given back.
+    inbound: InboundBudget
+    trim: MemoryTrim
+    # The frame bounds before CONNECTED (`max_frame_bytes_unauthenticated`).
+    stomp_limits_before_connected: StompLimits
     guard: Guard = field(default_factory=Guard)

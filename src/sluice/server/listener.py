@@ -21,6 +21,7 @@ from sluice.config import Config, Listener
 from sluice.core.broker import Broker
 from sluice.server.context import Authenticator, Guard, LiveSession, SessionContext
 from sluice.server.handshake import TlsListener
+from sluice.server.inbound import InboundBudget, MemoryTrim
 from sluice.server.session import StompSession
 from sluice.stomp.codec import StompLimits
 from sluice.store.api import MessageStore
@@ -114,10 +115,23 @@ class BrokerServer:
             broker_name=config.broker_name,
             sessions=self.sessions,
             guard=self.guard,
+            inbound=InboundBudget(limits.max_inbound_buffered_bytes, self.broker.count),
+            trim=MemoryTrim(self.loop.call_later, self.broker.count),
+            stomp_limits_before_connected=StompLimits(
+                max_frame_bytes=limits.max_frame_bytes_unauthenticated,
+                max_header_bytes=min(
+                    limits.max_header_bytes, limits.max_frame_bytes_unauthenticated
+                ),
+                max_headers=limits.max_headers,
+                frame_limit_name="max_frame_bytes_unauthenticated",
+            ),
         )
+        self.broker.memory_freed = context.trim.freed
         self.context = context
         # The first listener's port (the one `[stomp]` or the first `[[listeners]]` gives).
         self.port = 0
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_interval_s = _deadline_interval_s(config)
 
     @staticmethod
     def _login_executor() -> ThreadPoolExecutor:
@@ -196,6 +210,10 @@ class BrokerServer:
             self._close_listeners()
             raise
         self.port = self.listeners[0].port
+        if self._deadline_interval_s:
+            self._deadline_timer = self.loop.call_later(
+                self._deadline_interval_s, self._check_deadlines
+            )
         log.info(
             "sluice %s listening for STOMP on %s (store: %s)",
             self.version,
@@ -210,9 +228,22 @@ class BrokerServer:
             if bound.tls_listener is not None:
                 bound.tls_listener.close()
 
+    def _check_deadlines(self) -> None:
+        """Frames past `frame_timeout_s`, idle connections past `idle_timeout_s`: one sweep of
+        every session, rather than a timer per frame."""
+        now = self.loop.time()
+        for session in list(self.sessions):
+            session.check_deadlines(now)
+        self._deadline_timer = self.loop.call_later(
+            self._deadline_interval_s, self._check_deadlines
+        )
+
     async def stop(self) -> None:
         """Stop listening, close every session, then close the store."""
         self._close_listeners()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
         self.broker.shutting_down = True
         for session in list(self.sessions):
             session.shutdown()
@@ -238,3 +269,18 @@ class BrokerServer:
                 stats.get("store_no_space_errors", 0),
             )
         log.info("sluice stopped")
+
+
+# The deadline sweep runs four times per shortest deadline, within these bounds (seconds).
+_MIN_DEADLINE_SWEEP_S = 0.05
+_MAX_DEADLINE_SWEEP_S = 5.0
+
+
+def _deadline_interval_s(config: Config) -> float:
+    """How often sessions are checked against `frame_timeout_s` and `idle_timeout_s` (0: never,
+    when both are off)."""
+    limits = config.limits
+    deadlines = [t for t in (limits.frame_timeout_s, limits.idle_timeout_s) if t > 0]
+    if not deadlines:
+        return 0.0
+    return max(_MIN_DEADLINE_SWEEP_S, min(_MAX_DEADLINE_SWEEP_S, min(deadlines) / 4))

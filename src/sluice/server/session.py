@@ -28,6 +28,7 @@ from sluice.core.topic import Topic
 from sluice.errors import (
     AccessDeniedError,
     DiskFullError,
+    FrameLimitExceeded,
     LimitExceeded,
     RemoteProtocolError,
     RequestError,
@@ -86,7 +87,10 @@ class StompSession(asyncio.Protocol):
         self.loop = context.loop
         limits = self.config.limits
         self.stomp = StompConnection(
-            Role.SERVER, context.stomp_limits, grace_factor=self.config.heartbeat.grace_factor
+            Role.SERVER,
+            context.stomp_limits,
+            grace_factor=self.config.heartbeat.grace_factor,
+            limits_before_connected=context.stomp_limits_before_connected,
         )
         self.transport: asyncio.Transport | None = None
         self.core: BrokerConnection | None = None
@@ -109,6 +113,11 @@ class StompSession(asyncio.Protocol):
         # Heart-beat grace after reading resumes: the peer's beats were waiting in our socket.
         self._resumed_at = float("-inf")
         self._read_grace_s = 1.0
+        # Inbound bytes held by the parser as last reported to the broker-wide budget; when the
+        # frame they belong to began (None: no partial frame); when anything was last read.
+        self._held = 0
+        self._frame_started: float | None = None
+        self._last_received = 0.0
 
     # -- asyncio protocol -----------------------------------------------------------------------
 
@@ -139,7 +148,8 @@ class StompSession(asyncio.Protocol):
         """Feed the parser and handle what it yields."""
         if self._closing:
             return
-        self.stomp.receive_data(data, self.loop.time())
+        now = self._last_received = self.loop.time()
+        self.stomp.receive_data(data, now)
         self._process()
 
     def eof_received(self) -> bool:
@@ -181,6 +191,9 @@ class StompSession(asyncio.Protocol):
     def _resume_reading(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self._resumed_at = self.loop.time()
+            if self._frame_started is not None:
+                # The frame's deadline stood still while we did not read it.
+                self._frame_started = self._resumed_at
             self.transport.resume_reading()
             # Frames already buffered in the parser are handled now, not at the next read.
             self.loop.call_soon(self._process)
@@ -221,22 +234,50 @@ class StompSession(asyncio.Protocol):
         self._processing = True
         stomp = self.stomp
         reasons = self.flow.reasons_held
+        # A frame (or heart-beat) ended: what is left belongs to a frame begun just now.
+        ended = False
         try:
             while not reasons and not self._closing:
                 event = stomp.next_event()
                 if event is None:
                     break
+                ended = True
                 if isinstance(event, HeartBeat):
                     continue
                 self._handle(event)
         except RemoteProtocolError as exc:
             self.broker.count("protocol_errors")
+            if isinstance(exc, FrameLimitExceeded):
+                self.broker.count("limit_" + exc.limit)
             self._fail(CloseReason.PROTOCOL_ERROR, str(exc), receipt_id=exc.receipt_id)
         except Exception:
             self.log.exception("internal error while handling a frame")
             self._fail(CloseReason.INTERNAL_ERROR, "internal error")
         finally:
             self._processing = False
+        if not self._closing:
+            self._note_held(ended)
+
+    def _note_held(self, ended: bool) -> None:
+        """Report the parser's bytes to the broker-wide budget; start a partial frame's clock."""
+        held = self.stomp.buffered_bytes
+        if not held:
+            self._frame_started = None
+        elif ended or self._frame_started is None:
+            self._frame_started = self.loop.time()
+        if held != self._held:
+            self._held = held
+            self.context.inbound.update(self, held)
+
+    def refuse_inbound(self, limit_bytes: int, total_bytes: int, held_bytes: int) -> None:
+        """The broker holds too much of frames still arriving, and this connection the most."""
+        self._held = 0
+        self._fail(
+            CloseReason.LIMIT,
+            f"limit max_inbound_buffered_bytes={limit_bytes} exceeded: the broker holds "
+            f"{total_bytes} bytes of frames still arriving, this connection {held_bytes}, "
+            "the most",
+        )
 
     def _handle(self, frame: Frame) -> None:
         command = frame.command
@@ -645,6 +686,53 @@ class StompSession(asyncio.Protocol):
             self.outbound.flush()
         self._arm_heartbeat()
 
+    def check_deadlines(self, now: float) -> None:
+        """Close the connection if its partial frame is older than `frame_timeout_s`, or if it
+        is idle past `idle_timeout_s`: no heart-beats expected from the peer, nothing read, and
+        nothing held (subscription, transaction, stream, receipt, bytes owed to it)."""
+        if self._closing:
+            return
+        limits = self.config.limits
+        started = self._frame_started
+        if (
+            started is not None
+            and limits.frame_timeout_s
+            and now - started >= limits.frame_timeout_s
+            and not self.flow.reading_paused
+        ):
+            self.broker.count("frame_timeouts")
+            self._fail(
+                CloseReason.FRAME_TIMEOUT,
+                f"limit frame_timeout_s={limits.frame_timeout_s:g} exceeded: a frame begun "
+                f"{now - started:.1f} s ago is not complete",
+            )
+            return
+        idle_s = now - self._last_received
+        if limits.idle_timeout_s and idle_s >= limits.idle_timeout_s and self._idle():
+            self.broker.count("idle_timeouts")
+            self._fail(
+                CloseReason.IDLE_TIMEOUT,
+                f"limit idle_timeout_s={limits.idle_timeout_s:g} exceeded: nothing received "
+                f"for {idle_s:.1f} s on a connection without heart-beats or subscriptions",
+            )
+
+    def _idle(self) -> bool:
+        """Does the connection hold nothing that a silent peer may be waiting on?"""
+        core = self.core
+        negotiated = self.stomp.negotiated
+        if core is None or negotiated is None or negotiated.receive_heartbeat_ms:
+            # Before CONNECT the CONNECT deadline applies; with heart-beats, their own.
+            return False
+        return not (
+            core.subs
+            or core.wildcard_subs
+            or core.txs
+            or core.open_streams
+            or self._receipts
+            or self.outbound.pending_bytes
+            or self.flow.reading_paused
+        )
+
     def _connect_timeout(self) -> None:
         self._timer = None
         if self.core is None:
@@ -710,6 +798,15 @@ class StompSession(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self._timer = self._slow_timer = None
+        # Give back what the parser holds now: the session itself may live on until the cyclic
+        # garbage collector gets to it.
+        held = max(self._held, self.stomp.buffered_bytes)
+        self.stomp.release()
+        self._frame_started = None
+        if self._held:
+            self._held = 0
+            self.context.inbound.update(self, 0)
+        self.context.trim.freed(held)
         if self.core is not None:
             self.core.close()
 

@@ -44,6 +44,10 @@ _MiB = 1024 * _KiB
 # A body at least this large that arrives in pieces is gathered in a list (see the module doc).
 LARGE_BODY_BYTES = 64 * _KiB
 
+# A consumed buffer larger than this is replaced, not cleared, so its memory goes back at once.
+_SHRINK_ABOVE = 64 * _KiB
+# Pieces of a large body smaller than this are gathered into one array (see `_feed_part`).
+_SMALL_PART = 16 * _KiB
 _LF = 10
 _CR = 13
 _COMMANDS: dict[str, Command] = {c.value: c for c in Command}
@@ -78,12 +82,14 @@ class StompLimits:
     `max_frame_bytes` counts the whole frame, from the first byte of the command through the NUL
     terminator. `max_header_bytes` counts the command line and the header lines with their line
     ends, but not the blank line that closes them. `max_headers` counts header lines, repeats
-    included.
+    included. `frame_limit_name` is the setting an oversize frame's error names (the broker
+    applies a smaller frame bound before a connection is CONNECTED, under its own name).
     """
 
     max_frame_bytes: int = 64 * _MiB
     max_header_bytes: int = 64 * _KiB
     max_headers: int = 1000
+    frame_limit_name: str = "max_frame_bytes"
 
 
 def _unescape(text: str, table: dict[str, str], command: Command) -> str:
@@ -161,7 +167,7 @@ class FrameParser:
         self.limits = limits
         self._large_body_bytes = max(1, large_body_bytes)
         # The pieces of a large body still arriving (None otherwise), and their total size.
-        self._parts: list[bytes] | None = None
+        self._parts: list[bytes | bytearray] | None = None
         self._parts_bytes = 0
         self._version = version
         self._unescapes = _UNESCAPES[version]
@@ -199,6 +205,22 @@ class FrameParser:
             buffered += self._body_offset + self._parts_bytes
         return buffered
 
+    def release(self) -> None:
+        """Drop every byte held (the connection is gone): the buffer, its view, a large body's
+        pieces. Fed again, the parser starts from nothing."""
+        view = self._view
+        if view is not None:
+            view.release()
+            self._view = None
+        self._buf = bytearray()
+        self._pos = 0
+        self._scan = 0
+        self._parts = None
+        self._parts_bytes = 0
+        self._command = None
+        self._headers = {}
+        self._line_checked = False
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes. Parsing happens in `next_event`."""
         if self._parts is not None:
@@ -218,6 +240,18 @@ class FrameParser:
             self._pos = 0
         buf += data
 
+    def _drop_consumed(self, buf: bytearray) -> None:
+        view = self._view
+        if view is not None:
+            view.release()
+            self._view = None
+        if len(buf) > _SHRINK_ABOVE:
+            # A new array: the old one's allocation goes back to the allocator at once.
+            self._buf = bytearray()
+        else:
+            buf.clear()
+        self._pos = 0
+
     def _feed_part(self, data: bytes | bytearray | memoryview) -> memoryview | None:
         """Take what a large body still lacks from `data`; return the rest, if any."""
         parts = self._parts
@@ -225,8 +259,17 @@ class FrameParser:
         need = self._body_length - self._parts_bytes
         size = len(data)
         if size <= need:
-            # Chunks handed in as bytes are immutable: keep them, copy nothing yet.
-            parts.append(data if type(data) is bytes else bytes(data))
+            if size < _SMALL_PART:
+                # Small pieces (a peer trickling its body) go into one growing array: a `bytes`
+                # object per piece would cost more than the bytes themselves.
+                last = parts[-1] if parts else None
+                if type(last) is bytearray and len(last) < _SMALL_PART:
+                    last += data
+                else:
+                    parts.append(bytearray(data))
+            else:
+                # Chunks handed in as bytes are immutable: keep them, copy nothing yet.
+                parts.append(data if type(data) is bytes else bytes(data))
             self._parts_bytes += size
             return None
         view = memoryview(data)
@@ -252,6 +295,10 @@ class FrameParser:
         pos = self._pos
         end = len(buf)
         if pos >= end:
+            if pos:
+                # All consumed: give the memory back now, not at the next feed (a peer that
+                # goes quiet after a large frame would otherwise keep its buffer).
+                self._drop_consumed(buf)
             return None
         command = self._command
         if command is None:
@@ -285,7 +332,7 @@ class FrameParser:
                 if end >= limit:
                     raise self._refuse(
                         FrameLimitExceeded(
-                            "max_frame_bytes",
+                            self.limits.frame_limit_name,
                             self.limits.max_frame_bytes,
                             f"{command} frame without NUL within the limit",
                         )
@@ -316,7 +363,7 @@ class FrameParser:
 
     def _start_large_body(self, buf: bytearray, body_start: int, end: int) -> None:
         """Move the part of a large body that has arrived out of the buffer."""
-        parts: list[bytes] = []
+        parts: list[bytes | bytearray] = []
         if end > body_start:
             view = self._view
             if view is None:
@@ -339,7 +386,8 @@ class FrameParser:
                     f"{command} frame is not terminated by NUL after its content-length octets"
                 )
             )
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        first = parts[0] if len(parts) == 1 else None
+        body = first if type(first) is bytes else b"".join(parts)
         self._parts = None
         self._parts_bytes = 0
         frame = _make_frame(command, self._headers, body)
@@ -394,7 +442,9 @@ class FrameParser:
                 )
             if end - pos > limits.max_frame_bytes:
                 raise FrameLimitExceeded(
-                    "max_frame_bytes", limits.max_frame_bytes, "no end of headers within the limit"
+                    limits.frame_limit_name,
+                    limits.max_frame_bytes,
+                    "no end of headers within the limit",
                 )
             if not self._line_checked:
                 self._line_checked = self._check_command_line(buf, pos, end)
@@ -441,7 +491,7 @@ class FrameParser:
                     and len(declared.lstrip("0")) > MAX_LENGTH_DIGITS
                 ):
                     raise FrameLimitExceeded(
-                        "max_frame_bytes", limits.max_frame_bytes, "content-length too large"
+                        limits.frame_limit_name, limits.max_frame_bytes, "content-length too large"
                     )
                 length = int(declared)
                 if length and command not in BODY_COMMANDS:
@@ -449,13 +499,15 @@ class FrameParser:
                 frame_bytes = body_start - pos + length + 1
                 if frame_bytes > limits.max_frame_bytes:
                     raise FrameLimitExceeded(
-                        "max_frame_bytes",
+                        limits.frame_limit_name,
                         limits.max_frame_bytes,
                         f"content-length announces a frame of {frame_bytes} bytes",
                     )
             elif body_start - pos >= limits.max_frame_bytes:
                 raise FrameLimitExceeded(
-                    "max_frame_bytes", limits.max_frame_bytes, "headers leave no room for the NUL"
+                    limits.frame_limit_name,
+                    limits.max_frame_bytes,
+                    "headers leave no room for the NUL",
                 )
         except RemoteProtocolError as exc:
             exc.receipt_id = _receipt_hint(lines, self._unescapes, command)

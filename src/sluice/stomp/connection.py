@@ -161,15 +161,24 @@ class StompConnection:
     """
 
     def __init__(
-        self, role: Role, limits: StompLimits = _DEFAULT_LIMITS, *, grace_factor: float = 2.0
+        self,
+        role: Role,
+        limits: StompLimits = _DEFAULT_LIMITS,
+        *,
+        grace_factor: float = 2.0,
+        limits_before_connected: StompLimits | None = None,
     ) -> None:
+        """`limits_before_connected`, if given, bounds the frames read until the connection is
+        CONNECTED (a server gives a much smaller frame budget to a peer not yet accepted);
+        `limits` applies from then on."""
         if grace_factor < 1.0:
             raise ValueError(f"grace_factor must be at least 1.0 (got {grace_factor})")
         self.role = role
         self.grace_factor = grace_factor
+        self._limits = limits
         # Until a version is agreed nothing is unescaped: CONNECT/CONNECTED never are, and an early
         # ERROR from a peer is better read literally than rejected for an escape.
-        self._parser = FrameParser(limits, Version.V1_0)
+        self._parser = FrameParser(limits_before_connected or limits, Version.V1_0)
         self._state = ConnState.AWAITING_CONNECT
         self._negotiated: Negotiated | None = None
         self._version = Version.V1_0
@@ -208,6 +217,8 @@ class StompConnection:
 
     def _set_state(self, state: ConnState) -> None:
         self._state = state
+        if state is ConnState.CONNECTED:
+            self._parser.limits = self._limits
         key = (self.role, state)
         self._may_receive = _BY_STATE[(*key, Direction.RECEIVE)]
         self._may_send = _BY_STATE[(*key, Direction.SEND)]
@@ -227,6 +238,10 @@ class StompConnection:
             self._set_state(ConnState.ERROR)
             self._error = error
         return error
+
+    def release(self) -> None:
+        """Drop every received byte still held (the transport is gone)."""
+        self._parser.release()
 
     def close(self) -> None:
         """Record that the transport is closed. ERROR stays ERROR; anything else becomes CLOSED."""
