@@ -102,6 +102,8 @@ class ClientLink(asyncio.Protocol):
         self._watch_peer_from_s = 0.0
         self._processing = False
         self._eof_pending = False
+        # Over TLS (to explain a connection a broker closes right after the handshake).
+        self._tls = False
         self._error: ClientError | None = None
 
     # State seen by the client.
@@ -156,6 +158,7 @@ class ClientLink(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport but have its methods.
         self._transport = transport = cast(asyncio.Transport, transport)
+        self._tls = transport.get_extra_info("ssl_object") is not None
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
 
     def data_received(self, data: bytes) -> None:
@@ -332,7 +335,10 @@ class ClientLink(asyncio.Protocol):
         if self._error is not None:
             raise self._error
         if self._transport is None or self._conn.state is not ConnState.AWAITING_CONNECT:
-            raise ConnectionLost(f"connection to {self.label} closed before CONNECT")
+            hint = " (a TLS broker that requires a client certificate, or refuses ours)"
+            raise ConnectionLost(
+                f"connection to {self.label} closed before CONNECT" + (hint if self._tls else "")
+            )
         data = self._conn.connect(
             host=host,
             login=login,
