@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import socket
 import ssl
 from collections.abc import Iterator
@@ -135,6 +136,19 @@ def _stomppy(port: int, ca: Path | None, client: Issued | None = None, **ssl_arg
             **ssl_args,
         )
     return conn
+
+
+class _Frames(stomp.ConnectionListener):  # type: ignore[misc]
+    """stomp.py's RECEIPT and ERROR frames, handed to the test thread."""
+
+    def __init__(self) -> None:
+        self.frames: queue.Queue[tuple[str, str]] = queue.Queue()
+
+    def on_receipt(self, frame: Any) -> None:
+        self.frames.put(("RECEIPT", frame.headers["receipt-id"]))
+
+    def on_error(self, frame: Any) -> None:
+        self.frames.put(("ERROR", frame.headers.get("message", "")))
 
 
 def _no_traceback(caplog: pytest.LogCaptureFixture) -> None:
@@ -327,12 +341,25 @@ def test_the_certificate_cn_is_the_user_and_acls_apply(secured: RunningBroker, p
             await bob.close()
 
     run(main())
-    conn = _stomppy(_tls(secured), pki.ca.cert, pki.bob)
-    conn.connect(wait=True)  # no login: the CN is the login
-    conn.disconnect()
+    # stomp.py, no login: the CN is the login, and the same rules hold.
+    alice = _stomppy(_tls(secured), pki.ca.cert, pki.alice)
+    alice_frames = _Frames()
+    alice.set_listener("frames", alice_frames)
+    alice.connect(wait=True)
+    alice.send("/queue/orders.1", "from alice by stomp.py", receipt="sent")
+    assert alice_frames.frames.get(timeout=10) == ("RECEIPT", "sent")
+    alice.disconnect()
+    bob = _stomppy(_tls(secured), pki.ca.cert, pki.bob)
+    bob_frames = _Frames()
+    bob.set_listener("frames", bob_frames)
+    bob.connect(wait=True)
+    bob.send("/queue/orders.1", "from bob by stomp.py", receipt="refused")
+    kind, message = bob_frames.frames.get(timeout=10)
+    assert kind == "ERROR"
+    assert "write" in message
     stats = secured.stats()
-    assert stats["logins"] == 3
-    assert stats["access_denied_write"] == 1
+    assert stats["logins"] == 4
+    assert stats["access_denied_write"] == 2
 
 
 @pytest.mark.parametrize(
