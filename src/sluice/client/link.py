@@ -191,7 +191,7 @@ class ClientLink(asyncio.Protocol):
         self._out_bytes = 0
         if self._error is None:
             reason = f": {exc}" if exc is not None else ""
-            self._error = ConnectionLost(f"connection to {self.label} lost{reason}")
+            self._error = ConnectionLost(f"connection to {self.label} lost{reason}{self._hint()}")
         error = self._error
         receipts = list(self._receipts.values())
         self._receipts.clear()
@@ -207,6 +207,12 @@ class ClientLink(asyncio.Protocol):
         finally:
             if not self._lost.done():
                 self._lost.set_result(None)
+
+    def _hint(self) -> str:
+        # A TLS 1.3 broker checks our certificate after the handshake: a refusal is a close.
+        if self._tls and not self._connected.done():
+            return " (a TLS broker that requires a client certificate, or refuses ours)"
+        return ""
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -335,10 +341,7 @@ class ClientLink(asyncio.Protocol):
         if self._error is not None:
             raise self._error
         if self._transport is None or self._conn.state is not ConnState.AWAITING_CONNECT:
-            hint = " (a TLS broker that requires a client certificate, or refuses ours)"
-            raise ConnectionLost(
-                f"connection to {self.label} closed before CONNECT" + (hint if self._tls else "")
-            )
+            raise ConnectionLost(f"connection to {self.label} closed before CONNECT{self._hint()}")
         data = self._conn.connect(
             host=host,
             login=login,
