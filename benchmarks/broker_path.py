@@ -63,8 +63,24 @@ class FakeTransport:
         self.closing = True
 
 
-async def run(messages: int, size: int, profile: bool) -> None:
-    cfg = config_mod.load(env={}, overrides={"store": {"kind": "memory"}})
+def _acl(rules: int) -> list[dict[str, object]]:
+    """`rules` ACL rules of which only the last matches the benchmark's queue: the cost of
+    authorization (each decision is cached after the first)."""
+    if rules <= 0:
+        return []
+    others = [{"destination": f"/queue/other{n}.>", "read": ["ops"]} for n in range(rules - 1)]
+    everyone = ["*"]
+    return [
+        *others,
+        {"destination": "/queue/>", "read": everyone, "write": everyone, "admin": everyone},
+    ]
+
+
+async def run(messages: int, size: int, profile: bool, acl_rules: int = 0) -> None:
+    overrides: dict[str, object] = {"store": {"kind": "memory"}}
+    if acl_rules:
+        overrides["acl"] = _acl(acl_rules)
+    cfg = config_mod.load(env={}, overrides=overrides)
     server = BrokerServer(cfg, MemoryStore())
     server.broker.open()
     producer, consumer = StompSession(server.context), StompSession(server.context)
@@ -120,13 +136,19 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--acl-rules",
+        type=int,
+        default=0,
+        help="check every frame against this many ACL rules (the last one matches)",
+    )
     args = parser.parse_args()
     try:
         import uvloop  # noqa: PLC0415
 
-        uvloop.run(run(args.messages, args.size, args.profile))
+        uvloop.run(run(args.messages, args.size, args.profile, args.acl_rules))
     except ImportError:
-        asyncio.run(run(args.messages, args.size, args.profile))
+        asyncio.run(run(args.messages, args.size, args.profile, args.acl_rules))
 
 
 if __name__ == "__main__":

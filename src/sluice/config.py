@@ -122,6 +122,9 @@ class Limits:
     login_lockout_failures: int = 5
     login_lockout_window_s: float = 300.0
     max_login_failure_records: int = 10_000
+    # Connections one user (a login of the users file) may have open at once; 0: no limit.
+    # Anonymous clients are bounded by `max_connections` alone.
+    max_connections_per_user: int = 1000
     # -- Against hostile or broken clients (see docs/security.md) --
     # Bytes of frames still arriving (and frames read but not yet handled), all connections
     # together. Past it, the connection holding the largest partial frame gets an ERROR.

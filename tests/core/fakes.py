@@ -7,9 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from sluice import config as config_mod
-from sluice.core.broker import Broker, FlowReason
+from sluice.core.broker import Broker
 from sluice.core.connection import BrokerConnection
 from sluice.core.message import Message
+from sluice.core.services import FlowReason
 from sluice.core.subscription import Subscription
 from sluice.store.api import MessageStore, WriteHandle
 from sluice.store.memory import MemoryStore

@@ -139,7 +139,7 @@ def test_the_broker_measures_again_before_it_calls_the_store_full() -> None:
     broker = h.broker
     reserve = broker.store_disk.reserve_bytes
     store.free = reserve + MiB  # room: 1 MiB
-    broker._measure_disks()
+    broker.disks.measure()
     assert not broker.disk_full(persistent=True)
     broker.store_disk.note_accepted(2 * MiB)  # more than the last measure's room
     store.free = reserve + 100 * MiB  # and the disk has room again, unmeasured yet

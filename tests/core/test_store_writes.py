@@ -10,9 +10,9 @@ import pytest
 
 from failing_store import FailingStore
 from held_store import HeldStore
-from sluice.core.broker import FlowReason
 from sluice.core.connection import SubscribeOptions
 from sluice.core.message import AckMode
+from sluice.core.services import FlowReason
 from sluice.errors import LimitExceeded, StoreUnavailableError
 from sluice.store.api import StoredMessage, WriteHandle
 

@@ -150,6 +150,7 @@ def test_an_index_commit_that_meets_an_io_error_fails_the_store(
     assert refused.state is WriteState.FAILED
     h.reopen()
     assert _seqs(_journal(h)) == list(range(1, 11))
+    h.close()
 
 
 def test_an_index_commit_cut_short_on_a_full_disk_is_a_full_disk(
@@ -177,3 +178,4 @@ def test_an_index_commit_cut_short_on_a_full_disk_is_a_full_disk(
     assert not s.stats().no_space
     h.reopen()
     assert _seqs(_journal(h)) == list(range(1, 11))
+    h.close()

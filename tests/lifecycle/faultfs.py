@@ -2,7 +2,7 @@
 
 The journal modules do their file I/O through their module global `os`. `FaultFS.installed()`
 puts a proxy in that global in every module of `sluice.store.journal` but the index's (and routes
-the few `Path.unlink` calls of the writer and of recovery through it); the proxy delegates to the
+the few `Path.unlink` calls of collection and of recovery through it); the proxy delegates to the
 real module and, as planned, injects faults. LMDB's own I/O is not under this layer.
 
 Calls come in two kinds:
@@ -524,7 +524,7 @@ class FaultFS:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        """Put the proxy in every journal module that uses `os`, route the writer's and
+        """Put the proxy in every journal module that uses `os`, route collection's and
         recovery's `Path.unlink` through it, and use `InlinePreallocator`."""
         proxy = self.proxy
         saved: list[tuple[Any, str, Any]] = []
@@ -541,7 +541,7 @@ class FaultFS:
             ):
                 patch(module, "os", proxy)
         gated_path = _gated_path_class(self)
-        for name in ("sluice.store.journal.writer", "sluice.store.journal.recovery"):
+        for name in ("sluice.store.journal.maintenance", "sluice.store.journal.recovery"):
             module = sys.modules[name]
             patch(module, "file_path", _wrap_file_path(gated_path))
         patch(sys.modules["sluice.store.journal.store"], "Preallocator", InlinePreallocator)

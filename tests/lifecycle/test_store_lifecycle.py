@@ -324,6 +324,13 @@ def test_fixed_store_bug_stays_fixed(seed: int, events: list[str], what: str) ->
 
 
 # (seed, shrunk events, the check it failed, what went wrong): fixed since, kept as regressions.
+_TX_ACK_CYCLE = (
+    "compaction copied a message that an open transaction acknowledged into a file newer than "
+    "the ack; at the commit the ack's file depended on the copy's file, which also acked "
+    "messages of the ack's file, and the two waited for each other for ever (compaction now "
+    "leaves files holding such messages alone: gc.compaction_targets)"
+)
+
 FIXED_FAILING_CASES = [
     (
         430,
@@ -334,7 +341,7 @@ FIXED_FAILING_CASES = [
             "gc#39",
         ],
         "exception",
-        "Writer.retire_files with archiving: an error after the files were moved (EIO syncing "
+        "Maintenance.retire_files with archiving: an error after the files were moved (EIO syncing "
         "archive/) skips state.files_gone; every later collection archives them again and "
         "fails on os.truncate (FileNotFoundError), which fails the writer on the timer path",
     ),
@@ -616,6 +623,207 @@ FIXED_FAILING_CASES = [
         "sequences were handed out again after the restart; the index now holds them "
         "(JournalState.hold_seqs) until a checkpoint with room writes the record",
     ),
+    (
+        2217552266,
+        [
+            "send#14 d=2 n=1 size=455 pick=0.218 opt=1",
+            "tx-send#16 n=17 size=5790 slot=1 opt=2",
+            "restart#19",
+            "tx-ack#20 d=2 pick=0.648",
+            "send#22 d=3 n=3 size=4394 pick=0.691",
+            "gc#23",
+            "ack#24 d=3 n=2 pick=0.234",
+            "tx-commit#25",
+            "stream#26 d=1 n=4 size=5415",
+        ],
+        "disk",
+        _TX_ACK_CYCLE,
+    ),
+    (
+        2272023122,
+        [
+            "stream#1 d=1 n=2 size=8255",
+            "ack#5 d=1 n=2 pick=0.468",
+            "send#9 d=1 n=2 size=3168 pick=0.642",
+            "send#18 d=3 n=2 size=1689 pick=0.424 opt=3",
+            "fault#23 pick=0.008 opt=3 after=1",
+            "crash#24 after=8",
+            "gc#25",
+            "send#26 d=3 n=1 size=4825 pick=0.288 opt=2",
+            "send#33 n=3 size=440 pick=0.575",
+            "tx-ack#34 d=1 pick=0.983 slot=1",
+            "tx-send#35 d=3 n=2 size=1915 slot=1",
+            "send#36 n=2 size=512 pick=0.537",
+            "tx-send#40 n=2 size=567",
+            "ack#41 d=3 n=1 pick=0.366",
+            "gc#42",
+            "tx-send#43 d=3 n=10 size=2141 slot=1",
+            "tx-commit#58 slot=1",
+        ],
+        "disk",
+        _TX_ACK_CYCLE,
+    ),
+    (
+        935614134,
+        [
+            "disk-full#10",
+            "send#13 n=2 size=2207 pick=0.873",
+            "tx-send#16 d=3 n=20 size=5854 slot=1 opt=2",
+            "sub-put#19 n=5 slot=1",
+            "send#20 n=2 size=291 pick=0.612",
+            "send#28 d=1 n=2 size=225 pick=0.714",
+            "send#29 d=1 n=4 size=247 pick=0.741",
+            "stream#30 d=2 n=3 size=1871",
+            "send#34 d=1 n=4 size=351 pick=0.51 opt=3",
+            "stream#36 n=3 size=1081",
+            "tx-send#39 d=3 n=2 size=360 opt=1",
+            "tx-ack#40 d=2 pick=0.013 slot=1",
+            "send#42 d=1 n=4 size=518 pick=0.9 opt=7",
+            "send#44 n=3 size=424 pick=0.929",
+            "gc#45",
+            "dlq#48 pick=0.773 opt=1",
+            "tx-send#49 d=2 n=19 size=7231",
+            "tx-commit#51 slot=1",
+        ],
+        "disk",
+        _TX_ACK_CYCLE,
+    ),
+    (
+        1853707627,
+        [
+            "send-ack#5 d=1 n=1 size=3861 pick=0.359 opt=1",
+            "tx-send#10 d=3 n=14 size=14375 slot=1 opt=2",
+            "send#11 d=3 n=2 size=3378 pick=0.045 opt=5",
+            "stream#16 n=4 size=5742",
+            "crash#18 after=3",
+            "send-ack#20 n=2 size=3969 pick=0.817 opt=6",
+            "dlq#27 pick=0.523",
+            "tx-ack#29 pick=0.075 slot=1",
+            "stream#30 n=4 size=4777",
+            "send#35 d=3 n=4 size=5007 pick=0.996 opt=2",
+            "dlq#37 d=1 pick=0.671 opt=1",
+            "gc#38",
+            "tx-commit#43 slot=1",
+            "dlq#67 pick=0.628",
+            "tx-begin#68",
+            "send#69 d=3 n=2 size=52 pick=0.154",
+        ],
+        "disk",
+        _TX_ACK_CYCLE,
+    ),
+    (
+        2714789614,
+        [
+            "send-ack#0 d=2 n=4 size=38 pick=0.103",
+            "stream#5 n=3 size=8396",
+            "tx-ack#11 d=2 pick=0.07 slot=1",
+            "stream#13 d=1 n=3 size=8194",
+            "ack-range#16 pick=0.903",
+            "gc#18",
+            "send#20 n=4 size=503 pick=0.446",
+            "send#21 d=3 n=1 size=4879 pick=0.376 opt=4",
+            "tx-commit#33 slot=1",
+        ],
+        "disk",
+        _TX_ACK_CYCLE,
+    ),
+    (
+        1265523915,
+        [
+            "send#0 d=2 n=4 size=5523 pick=0.677 opt=6",
+            "send#1 d=3 n=3 size=440 pick=0.683",
+            "fault#2 pick=0.512 opt=5 after=1",
+            "tx-send#24 d=2 n=3 size=3889 slot=1",
+            "tx-send#25 n=3 size=435 slot=1",
+            "ack#26 d=2 n=3 pick=0.266",
+            "gc#31",
+            "tx-ack#37 d=3 pick=0.04",
+            "tx-send#43 d=3 n=24 size=2631 slot=1 opt=4",
+            "ack#44 d=2 n=1 pick=0.308",
+            "gc#45",
+            "send#46 d=2 n=3 size=5288 pick=0.344 opt=6",
+            "tx-commit#52",
+        ],
+        "disk",
+        _TX_ACK_CYCLE,
+    ),
+    (
+        3119812227,
+        [
+            "stream#1 d=2 n=3 size=2376",
+            "send#6 d=1 n=1 size=1849 pick=0.771",
+            "tx-send#7 d=3 n=3 size=10 slot=1 opt=1",
+            "send#8 d=2 n=4 size=35 pick=0.829 opt=6",
+            "send#9 d=2 n=4 size=2082 pick=0.77",
+            "tx-send#10 d=1 n=2 size=1719 slot=1 opt=2",
+            "send#13 d=2 n=2 size=546 pick=0.276 opt=3",
+            "send#21 n=4 size=358 pick=0.144 opt=6",
+            "ack#22 n=2 pick=0.226",
+            "send#25 d=1 n=3 size=29734 pick=0.923 opt=1",
+            "ack-range#27 d=2 pick=0.792",
+            "stream#28 d=1 n=2 size=4931",
+            "compact#31",
+            "tx-ack#38 pick=0.334 slot=1",
+            "send#39 d=3 n=2 size=317 pick=0.879 opt=2",
+            "send#40 d=1 n=2 size=5279 pick=0.183 opt=6",
+            "ack#46 d=2 n=3 pick=0.38",
+            "gc#47",
+            "tx-commit#48 slot=1",
+            "send#49 n=4 size=598 pick=0.35",
+            "send#50 n=4 size=2642 pick=0.806 opt=1",
+            "dlq#54 d=1 pick=0.881 opt=1",
+        ],
+        "disk",
+        _TX_ACK_CYCLE,
+    ),
+    (
+        3412998878,
+        [
+            "send#1 d=1 n=4 size=455 pick=0.682 opt=2",
+            "tx-send#7 n=18 size=3892 opt=2",
+            "send#9 n=3 size=519 pick=0.385 opt=3",
+            "send-ack#10 d=3 n=4 size=60 pick=0.39 opt=2",
+            "stream#11 d=2 n=3 size=6127",
+            "ack#12 d=2 n=3 pick=0.341",
+            "tx-ack#21 d=3 pick=0.156 slot=1",
+            "tx-commit#27",
+            "tx-send#28 d=3 n=11 size=4956 slot=1 opt=3",
+            "gc#31",
+            "ack#32 n=2 pick=0.589",
+            "dlq#36 pick=0.861 opt=1",
+            "tx-commit#38 slot=1",
+        ],
+        "disk",
+        _TX_ACK_CYCLE,
+    ),
+    (
+        127890295,
+        [
+            "send#17 d=2 n=4 size=2980 pick=0.079 opt=4",
+            "tx-send#19 d=3 n=18 size=6205 slot=1",
+            "send#23 d=1 n=4 size=2545 pick=0.67",
+            "send#32 d=3 n=3 size=301 pick=0.86 opt=2",
+            "send#35 d=2 n=2 size=51496 pick=0.548",
+            "send#36 n=2 size=219 pick=0.505 opt=2",
+            "repair#40",
+            "send-ack#41 n=1 size=3113 pick=0.799",
+            "tx-send#42 n=2 size=5611 opt=2",
+            "tx-ack#43 d=3 pick=0.622 slot=1",
+            "dlq#44 d=1 pick=0.553 opt=1",
+            "send-ack#50 n=2 size=478 pick=0.41 opt=3",
+            "gc#51",
+            "send#52 d=3 n=1 size=492 pick=0.859 opt=4",
+            "tx-abort#53",
+            "send-ack#55 d=3 n=3 size=322 pick=0.061 opt=6",
+            "send#56 d=1 n=2 size=4003 pick=0.327 opt=4",
+            "dlq#58 d=1 pick=0.657",
+            "stream#71 n=2 size=3526",
+            "tx-commit#74 slot=1",
+            "send#75 d=2 n=3 size=492 pick=0.319 opt=6",
+        ],
+        "disk",
+        _TX_ACK_CYCLE,
+    ),
 ]
 
 
@@ -635,7 +843,7 @@ def test_a_rebuild_keeps_a_remove_that_opens_a_file(tmp_path: Path) -> None:
     """Found by the simulation (seed 502 before the disk-full rework), reproduced directly: a
     data file whose first record is a REMOVE loses its dependency on the file of the ADD when
     the index is rebuilt (replay registers a file only after its records, and
-    `JournalState._add_deps` skips files it does not know). GC then deletes the REMOVE's file
+    `Tables.add_deps` skips files it does not know). GC then deletes the REMOVE's file
     while the ADD's file stays (another message pins it), and the next rebuild brings the
     acknowledged message back."""
     file_bytes = 16 * KiB

@@ -438,3 +438,39 @@ def test_an_ack_is_refused_once_read_is_revoked(secured: RunningBroker, users_fi
     _reload(secured, users_file, narrower)
     raw.send(f"ACK\nid:{message.headers['ack']}\n\n\0".encode())
     _denied(raw, "read", "/queue/open.acks")
+
+
+def test_a_user_past_max_connections_per_user_is_refused(users_file: Path) -> None:
+    """Two connections for alice at most: the third login is refused naming the limit (and
+    counted), bob is not affected, and alice may connect again once one of hers closed."""
+    broker = start_broker(
+        auth={"users_file": str(users_file)}, limits={"max_connections_per_user": 2}
+    )
+    try:
+        first, second = _connected(broker, "alice"), _connected(broker, "alice")
+        message = _refused(broker, _creds("alice"))
+        assert message == "limit max_connections_per_user=2 reached for user alice"
+        assert broker.stats()["limit_max_connections_per_user"] == 1
+        _connected(broker, "bob").close()
+        conn = stomp.Connection12([("127.0.0.1", broker.port)])
+        with pytest.raises(stomp.exception.ConnectFailedException):
+            conn.connect("alice", PASSWORDS["alice"], wait=True)
+
+        async def our_client() -> None:
+            with pytest.raises(BrokerErrorFrame, match="max_connections_per_user=2"):
+                await Client.connect(
+                    broker.address, login="alice", passcode=PASSWORDS["alice"], reconnect=False
+                )
+
+        run(our_client)
+        assert broker.stats()["limit_max_connections_per_user"] == 3
+        first.close()
+        wait_until(
+            lambda: broker.call(lambda: broker.server.context.user_connections["alice"]) == 1,
+            what="alice's first connection counted out",
+        )
+        third = _connected(broker, "alice")
+        third.close()
+        second.close()
+    finally:
+        broker.stop()

@@ -61,12 +61,13 @@ destination_idle_timeout_s = 2.0
         created_s = time.monotonic() - started
         full = broker.rss_bytes()
         assert full - baseline > 20 * MiB, "the destinations took no memory to measure"
-        # Back near the baseline. (On a busy machine creating them takes longer than the idle
-        # timeout, removal overlaps creation, and the peak measured is lower: hence "half".)
+        # Back near the baseline: what stays is the allocator's (about 22 MiB here, of the
+        # 100 MiB 30,000 destinations take). On a busy machine creating them takes longer than
+        # the idle timeout and removal overlaps creation, so the peak is no yardstick.
         wait_until(
-            lambda: broker.rss_bytes() - baseline < min(24 * MiB, (full - baseline) / 2),
+            lambda: broker.rss_bytes() - baseline < 28 * MiB,
             timeout=60,
-            what="idle destinations removed",
+            what="idle destinations removed and their memory given back",
         )
         after = broker.rss_bytes()
         print(

@@ -371,3 +371,60 @@ def test_collection_after_a_transacted_ack_of_a_deleted_destination(
     shutil.rmtree(s.config.data_dir / "index")
     h.open()
     assert snapshot(h) == full
+
+
+def test_compaction_leaves_a_message_with_a_transacted_ack_pending(
+    make_journal: Callable[..., Harness],
+) -> None:
+    """A message acknowledged in an open transaction stays in its file through compaction. Its
+    copy would land in a newer file than the ack; at the commit the ack's file would depend on
+    the copy's file, which also acks a message of the ack's file: the two would wait for each
+    other for ever (found by the lifecycle simulation, seed 2217552266 and others)."""
+    h = make_journal(compaction_live_ratio=0.5, **QUIET)
+    h.open()
+    s = journal(h)
+    big = os.urandom(s.config.journal_file_bytes * 2 // 5)
+    # The first file: the message, and fillers acknowledged at once (compaction worth it).
+    h.track(s.add(msg(Q, 1, b"acked in a transaction"), None))
+    h.track(s.add(msg(F, 1, big), None))
+    h.track(s.add(msg(F, 2, big), None))
+    h.settle()
+    # The second file: a message of another destination, the transacted ack, more fillers.
+    h.track(s.add(msg(T, 1, big), None))
+    h.track(s.remove_range(F, 2))
+    h.settle()
+    s.begin("tx")
+    h.track(s.remove(Q, 1, None, "tx"))
+    h.track(s.add(msg(F, 3, big), None))
+    h.settle()
+    h.track(s.add(msg(F, 4, big), None))
+    h.settle()
+    first = list_files(s.journal_dir)[0]
+    ack_file = list_files(s.journal_dir)[1]
+    assert s.head_position[0] > ack_file
+    s.gc()
+    assert first in list_files(s.journal_dir), "the message moved with its ack pending"
+    # The head file: an ack of the second file's message, then the commit.
+    h.track(s.remove(T, 1))
+    h.settle()
+    h.track(s.commit("tx", [], None))
+    h.track(s.remove_range(F, 4))
+    h.settle()
+    assert seqs(s) == []
+    for seq in (5, 6, 7):
+        h.track(s.add(msg(F, seq, big), None))
+        h.settle()
+    h.track(s.remove_range(F, 7))
+    h.settle()
+    for _ in range(2):
+        s.gc()
+    assert list_files(s.journal_dir) == [s.head_position[0]]
+    h.reopen()
+    full = snapshot(h)
+    dests = full[0]
+    assert isinstance(dests, list)
+    assert [d[:3] for d in dests] == [(F, 7, 0), (Q, 1, 0), (T, 1, 0)]
+    h.close()
+    shutil.rmtree(s.config.data_dir / "index")
+    h.open()
+    assert snapshot(h) == full

@@ -7,7 +7,6 @@ through `BrokerConnection` (see `connection.py`) and it reaches them through `Li
 from __future__ import annotations
 
 import collections
-import enum
 import gc
 import itertools
 import logging
@@ -19,7 +18,7 @@ from typing import Protocol
 
 from sluice.config import Config, DestinationPolicy
 from sluice.core.destination import Destination
-from sluice.core.disk import DiskBudget
+from sluice.core.disk import DiskBudget, DiskWatch
 from sluice.core.message import (
     DEDUP_ID,
     GROUP_ID,
@@ -31,6 +30,7 @@ from sluice.core.message import (
     parse_destination,
 )
 from sluice.core.queue import Queue
+from sluice.core.services import Cancellable, FlowReason, Loop, Producer
 from sluice.core.topic import Topic
 from sluice.core.usage import Usage
 from sluice.core.wildcard import WildcardIndex, compile_pattern
@@ -44,57 +44,11 @@ ORIGINAL_DESTINATION = "x-original-destination"
 EXPIRY_SWEEP_INTERVAL_S = 5.0
 # The sweep runs at least twice per shortest stream_idle_timeout_s, but not more often than this.
 MIN_SWEEP_INTERVAL_S = 0.1
-# Disk use is measured this often (a statvfs and the store's counters), and estimated between.
-DISK_CHECK_INTERVAL_S = 0.25
 DLQ_REASON = "x-dlq-reason"
 # Idle destinations removed at once past which the cyclic garbage collector is run, and what one
 # destination is reckoned to take (for `Broker.memory_freed`).
 _COLLECT_AFTER_REMOVED = 1000
 _DESTINATION_BYTES = 4096
-
-
-class Loop(Protocol):
-    """The scheduling the broker needs (an asyncio event loop provides it)."""
-
-    def call_soon(self, callback: Callable[[], object], /) -> object:
-        """Run on the next turn of the loop."""
-        ...
-
-    def call_soon_threadsafe(self, callback: Callable[[], object], /) -> object:
-        """Run on the loop, from any thread."""
-        ...
-
-    def call_later(self, delay: float, callback: Callable[[], object], /) -> Cancellable:
-        """Run after `delay` seconds."""
-        ...
-
-
-class Cancellable(Protocol):
-    """A timer that can be cancelled."""
-
-    def cancel(self) -> None:
-        """Do not run it."""
-        ...
-
-
-class FlowReason(enum.Enum):
-    """Why a producer's connection stopped being read."""
-
-    MEMORY = "memory"
-    PENDING_WRITES = "pending_writes"
-    DISK = "disk"
-
-
-class Producer(Protocol):
-    """A connection the broker may pause and resume as a producer."""
-
-    def pause_producer(self, reason: FlowReason) -> None:
-        """Stop reading the connection's socket."""
-        ...
-
-    def resume_producer(self, reason: FlowReason) -> None:
-        """Read again."""
-        ...
 
 
 class TopicAttacher(Protocol):
@@ -103,37 +57,6 @@ class TopicAttacher(Protocol):
     def attach(self, topic: Topic) -> None:
         """Subscribe to a topic that matches."""
         ...
-
-
-def _disk_budgets(
-    config: Config, count: Callable[[str, int], None]
-) -> tuple[DiskBudget, DiskBudget]:
-    """The disk budgets of the store (persistent messages) and of the temp store."""
-    store_cfg = config.store
-    temp_limit = config.limits.temp_limit_bytes
-    store_disk = DiskBudget(
-        "the store",
-        "persistent producers",
-        counter="store",
-        limit_name="store.max_bytes",
-        limit_bytes=store_cfg.max_bytes,
-        reserve_bytes=store_cfg.disk_reserve_bytes,
-        resume_bytes=_resume_bytes(store_cfg.journal_file_bytes, store_cfg.max_bytes),
-        policy=store_cfg.store_full,
-        count=count,
-    )
-    temp_disk = DiskBudget(
-        "the temp store",
-        "non-persistent producers",
-        counter="temp",
-        limit_name="limits.temp_limit_bytes",
-        limit_bytes=temp_limit,
-        reserve_bytes=store_cfg.disk_reserve_bytes,
-        resume_bytes=_resume_bytes(store_cfg.journal_file_bytes, temp_limit),
-        policy=store_cfg.store_full,
-        count=count,
-    )
-    return store_disk, temp_disk
 
 
 def _sweep_interval_s(config: Config) -> float:
@@ -168,18 +91,25 @@ class Broker:
         now_ms: Callable[[], int] | None = None,
         temp_store: MessageStore | None = None,
     ) -> None:
+        """One assignment per piece of the broker's state, each with what it is for: long
+        because the list is, and kept in one place so that it can be read as that list."""
         self.config = config
         self.limits = config.limits
         self.store = store
         self.temp_store = temp_store
-        # Disk use: measured from the stores every DISK_CHECK_INTERVAL_S, estimated in between
-        # from what was accepted since.
-        self.store_disk, self.temp_disk = _disk_budgets(config, self.count)
-        self.store_disk_bytes = 0
-        self.temp_disk_bytes = 0
-        self._disk_waiters: dict[Hashable, Producer] = {}
-        self._disk_timer: Cancellable | None = None
         self._loop = loop
+        # Disk use: measured from the stores on a timer, estimated in between from what was
+        # accepted since.
+        self.disks = DiskWatch(
+            config,
+            store,
+            temp_store,
+            loop,
+            count=self.count,
+            on_write_errors=self._store_write_errors,
+        )
+        self.store_disk = self.disks.store
+        self.temp_disk = self.disks.temp
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self.destinations: dict[str, Destination] = {}
         self.usage = Usage(
@@ -274,7 +204,7 @@ class Broker:
                 topic.restore_durable(sub)
         self.recovery = recovery
         self._sweep_timer = self._loop.call_later(self._sweep_interval_s, self._sweep)
-        self._check_disk()
+        self.disks.start()
         return recovery
 
     def close(self) -> None:
@@ -283,10 +213,10 @@ class Broker:
         completions of the writes the close flushes, and what they would set off: a message
         enqueued, a page read) is dropped. Every connection is closed by then: nobody waits."""
         self.closed = True
-        for timer in (self._sweep_timer, self._disk_timer):
-            if timer is not None:
-                timer.cancel()
-        self._sweep_timer = self._disk_timer = None
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
+        self.disks.stop()
         for destination in self.destinations.values():
             destination.stop()
         self.store.close()
@@ -384,18 +314,8 @@ class Broker:
         if existing is not None:
             return existing
         kind, short = parse_destination(name)
-        if len(self.destinations) >= self.limits.max_destinations:
-            self.count("limit_max_destinations")
-            raise LimitExceeded("max_destinations", self.limits.max_destinations, name)
+        self._check_room_for(name, creator_id)
         if creator_id:
-            quota = self.limits.max_destinations_per_connection
-            if self._created[creator_id] >= quota:
-                self.count("limit_max_destinations_per_connection")
-                raise LimitExceeded(
-                    "max_destinations_per_connection",
-                    quota,
-                    f"{name}: this connection created {quota} destinations that still exist",
-                )
             self._created[creator_id] += 1
         policy = self._policy_for(kind, short)
         usage = Usage(
@@ -442,6 +362,21 @@ class Broker:
             for attacher in self.wildcards.match(short):
                 attacher.attach(destination)
         return destination
+
+    def _check_room_for(self, name: str, creator_id: int) -> None:
+        """Raise `LimitExceeded` (counted) if the table, or the creating connection's quota of
+        it, has no room for one more destination."""
+        if len(self.destinations) >= self.limits.max_destinations:
+            self.count("limit_max_destinations")
+            raise LimitExceeded("max_destinations", self.limits.max_destinations, name)
+        quota = self.limits.max_destinations_per_connection
+        if creator_id and self._created[creator_id] >= quota:
+            self.count("limit_max_destinations_per_connection")
+            raise LimitExceeded(
+                "max_destinations_per_connection",
+                quota,
+                f"{name}: this connection created {quota} destinations that still exist",
+            )
 
     def _policy_for(self, kind: DestinationKind, short: str) -> DestinationPolicy:
         for override_kind, pattern, policy in self._overrides:
@@ -588,51 +523,23 @@ class Broker:
 
     # -- disk limits ----------------------------------------------------------------------------
 
-    def _check_disk(self) -> None:
-        """Measure the stores' disks every DISK_CHECK_INTERVAL_S."""
-        self._measure_disks()
-        self._disk_timer = self._loop.call_later(DISK_CHECK_INTERVAL_S, self._check_disk)
-
-    def _measure_disks(self) -> None:
-        """Measure the stores' disks; resume producers once every store has room again."""
-        now = time.monotonic()
-        stats = self.store.stats()
-        self.store_disk_bytes = stats.disk_bytes
-        if stats.write_errors and not self.store_failed:
-            # A write nobody waited on (a removal, a mark) failed: the store is failed all the same.
-            self.write_failed(StoreError("the message store reported a failed write"))
-        resumed = self.store_disk.measure(stats, now)
-        if self.temp_store is not None:
-            temp_stats = self.temp_store.stats()
-            self.temp_disk_bytes = temp_stats.disk_bytes
-            resumed = self.temp_disk.measure(temp_stats, now) or resumed
-        if (resumed or self._disk_waiters) and not (self.store_disk.full or self.temp_disk.full):
-            waiters, self._disk_waiters = self._disk_waiters, {}
-            if waiters:
-                log.info("disk has room again: resuming %d producers", len(waiters))
-            for producer in waiters.values():
-                producer.resume_producer(FlowReason.DISK)
-
     def disk_budget(self, *, persistent: bool) -> DiskBudget:
         """The disk of the store (`persistent`) or of the temp store."""
-        return self.store_disk if persistent else self.temp_disk
+        return self.disks.budget(persistent=persistent)
 
     def disk_full(self, *, persistent: bool) -> bool:
         """Is the store (`persistent`) or the temp store full (see `core/disk.py`)?"""
-        if not persistent and self.temp_store is None:
-            return False
-        budget = self.disk_budget(persistent=persistent)
-        if budget.estimate_ran_out():
-            # The estimate is the last measure less what was accepted since; space may have
-            # come back in between. Only a fresh measure starts an episode.
-            self._measure_disks()
-        return budget.is_full(time.monotonic())
+        return self.disks.full(persistent=persistent)
 
     def wait_for_disk(self, key: Hashable, producer: Producer, persistent: bool) -> None:
         """Pause a producer until the store (or temp store) has room again."""
-        self.disk_budget(persistent=persistent).paused_producer()
-        self._disk_waiters[key] = producer
-        producer.pause_producer(FlowReason.DISK)
+        self.disks.wait(key, producer, persistent=persistent)
+
+    def _store_write_errors(self) -> None:
+        """A measure found failed writes nobody waited on (a removal, a mark): the store is
+        failed all the same."""
+        if not self.store_failed:
+            self.write_failed(StoreError("the message store reported a failed write"))
 
     def write_done(self, handle: WriteHandle) -> None:
         """A write counted by `track_write` and handed to a store completed."""
@@ -689,15 +596,15 @@ class Broker:
     def forget_producer(self, key: Hashable, usages: Iterable[Usage] = ()) -> None:
         """A connection closed: drop it from the wait lists it is on."""
         self._write_waiters.pop(key, None)
-        self._disk_waiters.pop(key, None)
+        self.disks.forget(key)
         for usage in usages:
             usage.cancel_wait(key)
 
     def snapshot(self) -> dict[str, int]:
         """Counters and gauges, for logs, metrics and tests."""
         out = dict(self.counters)
-        out["store_disk_bytes"] = self.store_disk_bytes
-        out["temp_disk_bytes"] = self.temp_disk_bytes
+        out["store_disk_bytes"] = self.disks.store_disk_bytes
+        out["temp_disk_bytes"] = self.disks.temp_disk_bytes
         disk = self.store_disk
         out["store_full"] = int(disk.full)
         out["store_room_bytes"] = disk.room_bytes
@@ -709,12 +616,6 @@ class Broker:
         out["store_failed"] = int(self.store_failed)
         out["destinations"] = len(self.destinations)
         return out
-
-
-def _resume_bytes(file_bytes: int, limit_bytes: int) -> int:
-    """Room a full store needs back before producers resume: one journal file (collection
-    frees whole files), or a quarter of a smaller limit."""
-    return min(file_bytes, limit_bytes // 4) if limit_bytes else file_bytes
 
 
 def _ignore_freed(nbytes: int) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sluice.config import StoreFullPolicy
-from sluice.core.broker import Broker, FlowReason
+from sluice.core.broker import Broker
 from sluice.core.destination import Destination
 from sluice.core.message import (
     DEDUP_ID,
@@ -26,6 +26,7 @@ from sluice.core.message import (
     closes_group,
 )
 from sluice.core.selector import Selector, SelectorError, compile_selector
+from sluice.core.services import FlowReason
 from sluice.core.subscription import DeliveryTags, Link, Subscription
 from sluice.core.topic import Topic
 from sluice.core.transaction import Transaction

@@ -1,6 +1,7 @@
-"""Disk as a bounded resource: one store's room, measured against its limit and the free disk.
+"""Disk as a bounded resource: one store's room, measured against its limit and the free disk
+(`DiskBudget`), and the broker's watch over both of its stores (`DiskWatch`).
 
-The broker measures each store every `DISK_CHECK_INTERVAL_S` and hands the numbers to its
+`DiskWatch` measures each store every `DISK_CHECK_INTERVAL_S` and hands the numbers to its
 `DiskBudget`. The room is the smaller of:
 
 - the limit (`store.max_bytes`, or `limits.temp_limit_bytes` for the temp store) less what the
@@ -19,13 +20,18 @@ compaction and the next data file are written into it, and they are what frees s
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Hashable
 
-from sluice.config import MiB, StoreFullPolicy
+from sluice.config import Config, MiB, StoreFullPolicy
+from sluice.core.services import Cancellable, FlowReason, Loop, Producer
 from sluice.errors import StoreFullError
-from sluice.store.api import StoreStats
+from sluice.store.api import MessageStore, StoreStats
 
 log = logging.getLogger(__name__)
+
+# Disk use is measured this often (a statvfs and the store's counters), and estimated between.
+DISK_CHECK_INTERVAL_S = 0.25
 
 
 def _mib(nbytes: int) -> str:
@@ -185,3 +191,124 @@ class DiskBudget:
             self._refused,
         )
         return True
+
+
+class DiskWatch:
+    """The disks of the store and of the temp store: measured every `DISK_CHECK_INTERVAL_S`,
+    estimated in between, and measured again before an estimate calls one full. Producers
+    paused for room are resumed once both have room again."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: MessageStore,
+        temp_store: MessageStore | None,
+        loop: Loop,
+        *,
+        count: Callable[[str, int], None],
+        on_write_errors: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._temp_store = temp_store
+        self._loop = loop
+        self._on_write_errors = on_write_errors
+        self.store, self.temp = _disk_budgets(config, count)
+        self.store_disk_bytes = 0
+        self.temp_disk_bytes = 0
+        self._waiters: dict[Hashable, Producer] = {}
+        self._timer: Cancellable | None = None
+
+    def start(self) -> None:
+        """Measure now, then on the timer."""
+        self._tick()
+
+    def stop(self) -> None:
+        """No more measures."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _tick(self) -> None:
+        self.measure()
+        self._timer = self._loop.call_later(DISK_CHECK_INTERVAL_S, self._tick)
+
+    def measure(self) -> None:
+        """Measure the stores' disks; resume producers once every store has room again."""
+        now = time.monotonic()
+        stats = self._store.stats()
+        self.store_disk_bytes = stats.disk_bytes
+        if stats.write_errors:
+            self._on_write_errors()
+        resumed = self.store.measure(stats, now)
+        if self._temp_store is not None:
+            temp_stats = self._temp_store.stats()
+            self.temp_disk_bytes = temp_stats.disk_bytes
+            resumed = self.temp.measure(temp_stats, now) or resumed
+        if (resumed or self._waiters) and not (self.store.full or self.temp.full):
+            waiters, self._waiters = self._waiters, {}
+            if waiters:
+                log.info("disk has room again: resuming %d producers", len(waiters))
+            for producer in waiters.values():
+                producer.resume_producer(FlowReason.DISK)
+
+    def budget(self, *, persistent: bool) -> DiskBudget:
+        """The disk of the store (`persistent`) or of the temp store."""
+        return self.store if persistent else self.temp
+
+    def full(self, *, persistent: bool) -> bool:
+        """Is the store (`persistent`) or the temp store full?"""
+        if not persistent and self._temp_store is None:
+            return False
+        budget = self.budget(persistent=persistent)
+        if budget.estimate_ran_out():
+            # The estimate is the last measure less what was accepted since; space may have
+            # come back in between. Only a fresh measure starts an episode.
+            self.measure()
+        return budget.is_full(time.monotonic())
+
+    def wait(self, key: Hashable, producer: Producer, *, persistent: bool) -> None:
+        """Pause a producer until the store (or temp store) has room again."""
+        self.budget(persistent=persistent).paused_producer()
+        self._waiters[key] = producer
+        producer.pause_producer(FlowReason.DISK)
+
+    def forget(self, key: Hashable) -> None:
+        """A connection closed: it waits for room no more."""
+        self._waiters.pop(key, None)
+
+
+def _disk_budgets(
+    config: Config, count: Callable[[str, int], None]
+) -> tuple[DiskBudget, DiskBudget]:
+    """The disk budgets of the store (persistent messages) and of the temp store."""
+    store_cfg = config.store
+    temp_limit = config.limits.temp_limit_bytes
+    store_disk = DiskBudget(
+        "the store",
+        "persistent producers",
+        counter="store",
+        limit_name="store.max_bytes",
+        limit_bytes=store_cfg.max_bytes,
+        reserve_bytes=store_cfg.disk_reserve_bytes,
+        resume_bytes=_resume_bytes(store_cfg.journal_file_bytes, store_cfg.max_bytes),
+        policy=store_cfg.store_full,
+        count=count,
+    )
+    temp_disk = DiskBudget(
+        "the temp store",
+        "non-persistent producers",
+        counter="temp",
+        limit_name="limits.temp_limit_bytes",
+        limit_bytes=temp_limit,
+        reserve_bytes=store_cfg.disk_reserve_bytes,
+        resume_bytes=_resume_bytes(store_cfg.journal_file_bytes, temp_limit),
+        policy=store_cfg.store_full,
+        count=count,
+    )
+    return store_disk, temp_disk
+
+
+def _resume_bytes(file_bytes: int, limit_bytes: int) -> int:
+    """Room a full store needs back before producers resume: one journal file (collection
+    frees whole files), or a quarter of a smaller limit."""
+    return min(file_bytes, limit_bytes // 4) if limit_bytes else file_bytes

@@ -10,6 +10,7 @@ session do not import each other.
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -109,3 +110,5 @@ class SessionContext:
     # The frame bounds before CONNECTED (`max_frame_bytes_unauthenticated`).
     stomp_limits_before_connected: StompLimits
     guard: Guard = field(default_factory=Guard)
+    # Open connections by user name (`max_connections_per_user`).
+    user_connections: collections.Counter[str] = field(default_factory=collections.Counter)

@@ -6,6 +6,10 @@ needs more bytes or flow control pauses reading; frames already buffered wait in
 Writing: frames for the peer go to its `Outbound`, written once per loop turn in one call, or at
 once at the write buffer's high-water mark. Past the mark the transport pauses writing: the
 connection is then neither dispatched to nor read (`ReadPause.OUTBOUND`) until it drains.
+
+The session itself handles CONNECT, deadlines and closing. Once CONNECT is accepted, the frames
+that follow and their receipts are its `Requests` (`requests.py`); its heart-beat timer is a
+`Heartbeat` (`heartbeat.py`); MESSAGE frames are built by `translate.append_message`.
 """
 
 from __future__ import annotations
@@ -15,19 +19,16 @@ import contextlib
 import logging
 import secrets
 import socket
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, cast
 
-from sluice.auth.identity import Identity, Permission, Refusal
+from sluice.auth.identity import Identity, Refusal
 from sluice.auth.tls import certificate_name
-from sluice.core.broker import FlowReason
 from sluice.core.connection import BrokerConnection
 from sluice.core.message import Message
+from sluice.core.services import FlowReason
 from sluice.core.subscription import Subscription
-from sluice.core.topic import Topic
 from sluice.errors import (
     AccessDeniedError,
-    DiskFullError,
     FrameLimitExceeded,
     LimitExceeded,
     RemoteProtocolError,
@@ -38,26 +39,14 @@ from sluice.errors import (
 from sluice.server.access import SessionAccess
 from sluice.server.context import CloseReason, SessionContext
 from sluice.server.flow import FlowControl, ReadPause
+from sluice.server.heartbeat import Heartbeat
 from sluice.server.outbound import Outbound
-from sluice.server.receipts import (
-    PendingReceipt,
-    ReceiptQueue,
-    not_committed_message,
-    not_stored_message,
-    receipt_frame,
-)
-from sluice.server.translate import (
-    build_message,
-    encode_common_headers,
-    parse_subscribe,
-)
+from sluice.server.receipts import ReceiptQueue
+from sluice.server.requests import Requests
+from sluice.server.translate import append_message
 from sluice.stomp.connection import ConnState, Role, StompConnection
-from sluice.stomp.encoding import escape_value
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
 from sluice.stomp.negotiation import UnsupportedVersionError
-
-if TYPE_CHECKING:
-    from sluice.store.api import WriteHandle
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +56,6 @@ _FLOW_TO_PAUSE = {
     FlowReason.PENDING_WRITES: ReadPause.PENDING_WRITES,
     FlowReason.DISK: ReadPause.DISK,
 }
-
-# Bodies smaller than this are copied into the frame's buffer; larger ones are written as they are.
-_COPY_BODY_BELOW = 64 * 1024
 
 
 class _SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -100,6 +86,7 @@ class StompSession(asyncio.Protocol):
         self._receipts = ReceiptQueue(
             limits.max_pending_receipts_per_connection, self.flow, self.broker.count
         )
+        # The CONNECT deadline, then a refused login's delay; heart-beats have their own timer.
         self._timer: asyncio.TimerHandle | None = None
         self._slow_timer: asyncio.TimerHandle | None = None
         self._closing = False
@@ -107,12 +94,20 @@ class StompSession(asyncio.Protocol):
         self.close_reason: CloseReason | None = None
         self.log: logging.LoggerAdapter = _SessionLog(log, {"conn": "-", "peer": "-"})  # type: ignore[type-arg]
         self._version = Version.V1_2
-        self._ack_by_id = True
+        # The frames after CONNECT, and their receipts; None until CONNECT is accepted.
+        self.requests: Requests | None = None
         self.access = SessionAccess(context.guard, self.broker)
         self.identity: Identity | None = None
-        # Heart-beat grace after reading resumes: the peer's beats were waiting in our socket.
-        self._resumed_at = float("-inf")
-        self._read_grace_s = 1.0
+        # The user counted in `user_connections` while this connection is open.
+        self._counted_user: str | None = None
+        self.heartbeat = Heartbeat(
+            self.loop,
+            self.stomp,
+            self.flow,
+            self.outbound,
+            timed_out=self._heartbeat_timeout,
+            closing=lambda: self._closing,
+        )
         # Inbound bytes held by the parser as last reported to the broker-wide budget; when the
         # frame they belong to began (None: no partial frame); when anything was last read.
         self._held = 0
@@ -190,10 +185,11 @@ class StompSession(asyncio.Protocol):
 
     def _resume_reading(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self._resumed_at = self.loop.time()
+            now = self.loop.time()
+            self.heartbeat.reading_resumed(now)
             if self._frame_started is not None:
                 # The frame's deadline stood still while we did not read it.
-                self._frame_started = self._resumed_at
+                self._frame_started = now
             self.transport.resume_reading()
             # Frames already buffered in the parser are handled now, not at the next read.
             self.loop.call_soon(self._process)
@@ -284,12 +280,11 @@ class StompSession(asyncio.Protocol):
         if command is Command.CONNECT or command is Command.STOMP:
             self._on_connect(frame)
             return
-        core = self.core
-        assert core is not None
+        requests = self.requests
+        assert requests is not None
         receipt = frame.headers.get("receipt")
         try:
-            handler = self._handlers[command]
-            handler(self, core, frame, receipt)
+            requests.handle(frame, receipt)
         except AccessDeniedError as exc:
             self._denied(exc, receipt)
         except (RequestError, LimitExceeded) as exc:
@@ -360,6 +355,14 @@ class StompSession(asyncio.Protocol):
                 lambda: self._fail(CloseReason.AUTH_FAILED, outcome.reason, receipt_id=receipt),
             )
             return
+        if self._over_user_limit(outcome):
+            limit = self.config.limits.max_connections_per_user
+            self._fail(
+                CloseReason.LIMIT,
+                f"limit max_connections_per_user={limit} reached for user {outcome.user}",
+                receipt_id=receipt,
+            )
+            return
         try:
             self._accept(frame, outcome, receipt)
         except UnsupportedVersionError as exc:
@@ -375,6 +378,19 @@ class StompSession(asyncio.Protocol):
             self.broker.count("protocol_errors")
             self._fail(CloseReason.PROTOCOL_ERROR, str(exc), receipt_id=receipt)
 
+    def _over_user_limit(self, identity: Identity) -> bool:
+        """Whether the user already has `max_connections_per_user` connections (counted)."""
+        limit = self.config.limits.max_connections_per_user
+        if identity.anonymous or not limit:
+            return False
+        if self.context.user_connections[identity.user] < limit:
+            return False
+        self.broker.count("limit_max_connections_per_user")
+        self.log.warning(
+            "refusing a login of %s: limit max_connections_per_user=%d", identity.user, limit
+        )
+        return True
+
     def _accept(self, frame: Frame, identity: Identity, receipt: str | None) -> None:
         hb = self.config.heartbeat
         data = self.stomp.accept(
@@ -385,16 +401,18 @@ class StompSession(asyncio.Protocol):
         )
         self.identity = self.access.identity = identity
         if not identity.anonymous:
+            self.context.user_connections[identity.user] += 1
+            self._counted_user = identity.user
             self.broker.count("logins")
             self.log.info("logged in as %s", identity.user)
         self._version = self.stomp.version
-        self._ack_by_id = self._version is Version.V1_2
         self.core = BrokerConnection(self.broker, self, frame.headers.get("client-id"))
+        self.requests = self._new_requests(self.core)
         self.broker.count("connections_accepted")
         self.outbound.write(data)
-        self._arm_heartbeat()
+        self.heartbeat.arm()
         if receipt is not None:
-            self._receipt(receipt)
+            self.requests.receipt(receipt)
         self.flow.resume(ReadPause.LOGIN)
 
     def _denied(self, exc: AccessDeniedError, receipt: str | None) -> None:
@@ -412,7 +430,8 @@ class StompSession(asyncio.Protocol):
             return
         self.flow.pause(ReadPause.CLOSING)
         self._receipts.add(receipt, done=True, error=str(exc))
-        self._flush_receipts()
+        assert self.requests is not None  # only frames after CONNECT are refused this way
+        self.requests.flush_receipts()
 
     def revoke(self, reason: str) -> None:
         """The user may no longer connect (removed from the users file): ERROR, then close."""
@@ -425,231 +444,37 @@ class StompSession(asyncio.Protocol):
         """The user's groups changed (a reload): later frames are judged with the new ones."""
         self.identity = self.access.identity = identity
 
-    # -- frame handlers -------------------------------------------------------------------------
+    # -- requests (the frames after CONNECT) ----------------------------------------------------
 
-    def _on_send(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        self.access.check_use(frame.headers["destination"], Permission.WRITE)
-        message = build_message(frame, self.broker.new_message_id(), self.broker.now_ms())
-        txid = frame.headers.get("transaction")
-        if message.persistent and txid is None:
-            entry = self._receipts.add(receipt, done=False)
-
-            def stored(handle: WriteHandle | None) -> None:
-                error = handle.error if handle is not None else None
-                if error is not None:
-                    full = isinstance(error, DiskFullError)
-                    reason = CloseReason.STORE_FULL if full else CloseReason.STORE_FAILURE
-                    self._receipt_failed(entry, not_stored_message(error), reason)
-                    return
-                entry.done = True
-                self._flush_receipts()
-
-            core.send(message, stored, txid)
-        else:
-            core.send(message, _ignore, txid)
-            if receipt is not None:
-                self._receipt(receipt)
-
-    def _on_subscribe(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        sub_id, destination, mode, options = parse_subscribe(frame)
-        self.access.check_use(destination, Permission.READ)
-        sub = core.subscribe(sub_id, destination, mode, options)
-        escaped = (
-            escape_value(sub_id, self._version) if self._version is not Version.V1_0 else sub_id
+    def _new_requests(self, core: BrokerConnection) -> Requests:
+        """The handlers of the frames after CONNECT, with what they may use of the session."""
+        return Requests(
+            core,
+            access=self.access,
+            outbound=self.outbound,
+            receipts=self._receipts,
+            version=self._version,
+            fail=self._fail,
+            close=self._close,
+            disconnecting=self._disconnecting,
+            closing=lambda: self._closing,
         )
-        core.set_link_data(sub_id, escaped.encode())
-        if receipt is not None:
-            extra = ""
-            topic = sub.destination if sub is not None else None
-            if isinstance(topic, Topic):
-                # Readers of a topic's log (the Spark source) learn what it keeps from the receipt.
-                first, last = topic.offsets()
-                extra = f"x-first-offset:{first}\nx-last-offset:{last}\n"
-            self._receipt(receipt, extra)
 
-    def _on_unsubscribe(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        h = frame.headers
-        sub_id = h.get("id")
-        durable_name = h.get("activemq.subscriptionName")
-        if sub_id is None and durable_name is None:
-            sub_id = core.find_subscription_by_destination(h.get("destination", ""))
-            if sub_id is None:
-                raise RequestError(f"no subscription to {h.get('destination')!r}")
-        sub = core.subs.get(sub_id) if sub_id is not None else None
-        extra = ""
-        if sub is not None and isinstance(sub.destination, Topic):
-            # Where this cursor stopped: a reader of the log (the Spark source) resumes there.
-            extra = f"x-next-offset:{sub.resume_offset()}\n"
-        core.unsubscribe(sub_id, durable_name)
-        if receipt is not None:
-            self._receipt(receipt, extra)
-
-    def _tag(self, core: BrokerConnection, frame: Frame) -> int:
-        h = frame.headers
-        if not self._ack_by_id:
-            tag = core.tag_for_message_id(h["message-id"], h.get("subscription"))
-        else:
-            ack_id = h["id"]
-            try:
-                tag = int(ack_id)
-            except ValueError:
-                raise RequestError(
-                    f"no message awaiting acknowledgement with ack id {ack_id!r}"
-                ) from None
-        sub = core.tags.get(tag)
-        if sub is not None:
-            named = h.get("subscription")
-            if named is not None and self._ack_by_id and named != sub.id:
-                raise RequestError(
-                    f"{frame.command} names subscription {named!r}, but ack id {tag} was "
-                    f"delivered on subscription {sub.id!r}"
-                )
-            self.access.check_use(sub.destination.name, Permission.READ)
-        return tag
-
-    def _on_ack(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        if receipt is None:
-            core.ack(self._tag(core, frame), frame.headers.get("transaction"))
-            return
-        # A receipted ACK is answered once the acknowledgement is on disk: after the RECEIPT, a
-        # crash cannot bring the message back.
-        entry = self._receipts.add(receipt, done=False)
-
-        def durable() -> None:
-            entry.done = True
-            self._flush_receipts()
-
-        core.ack(self._tag(core, frame), frame.headers.get("transaction"), durable)
-
-    def _on_nack(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        core.nack(self._tag(core, frame), frame.headers.get("transaction"))
-        if receipt is not None:
-            self._receipt(receipt)
-
-    def _on_begin(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        core.begin(frame.headers["transaction"])
-        if receipt is not None:
-            self._receipt(receipt)
-
-    def _on_commit(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        # Even without a receipt of its own, later receipts wait for the COMMIT to be written.
-        entry = self._receipts.add(receipt, done=False)
-
-        def done() -> None:
-            entry.done = True
-            self._flush_receipts()
-
-        def failed() -> None:
-            self._receipt_failed(entry, not_committed_message(self.broker.store_failure))
-
-        core.commit(frame.headers["transaction"], done, failed)
-
-    def _on_abort(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
-        core.abort(frame.headers["transaction"])
-        if receipt is not None:
-            self._receipt(receipt)
-
-    def _on_disconnect(self, core: BrokerConnection, frame: Frame, receipt: str | None) -> None:
+    def _disconnecting(self) -> None:
+        """DISCONNECT: read no more; the session closes once its receipt is out."""
         self.close_reason = CloseReason.CLIENT_DISCONNECT
-        # Stop reading; answer once every earlier persistent send is written, then close.
         self.flow.pause(ReadPause.CLOSING)
-        self._receipts.add(receipt, done=True, closes=True)
-        self._flush_receipts()
-
-    _handlers: ClassVar[
-        dict[Command, Callable[[StompSession, BrokerConnection, Frame, str | None], None]]
-    ] = {
-        Command.SEND: _on_send,
-        Command.SUBSCRIBE: _on_subscribe,
-        Command.UNSUBSCRIBE: _on_unsubscribe,
-        Command.ACK: _on_ack,
-        Command.NACK: _on_nack,
-        Command.BEGIN: _on_begin,
-        Command.COMMIT: _on_commit,
-        Command.ABORT: _on_abort,
-        Command.DISCONNECT: _on_disconnect,
-    }
-
-    # -- receipts -------------------------------------------------------------------------------
-
-    def _receipt(self, receipt_id: str, extra_headers: str = "") -> None:
-        if self._receipts:
-            self._receipts.add(receipt_id, done=True, extra_headers=extra_headers)
-            self._flush_receipts()
-        else:
-            self.outbound.write(receipt_frame(receipt_id, extra_headers, self._version))
-
-    def _receipt_failed(
-        self,
-        entry: PendingReceipt,
-        message: str,
-        reason: CloseReason = CloseReason.STORE_FAILURE,
-    ) -> None:
-        """The store failed to write what `entry` waits for: the receipts before it go out, then
-        an ERROR for it (never a RECEIPT), and the connection closes."""
-        if self._closing:
-            return
-        # `entry` is not done, so this takes only the finished receipts queued before it.
-        for done in self._receipts.pop_done():
-            if done.receipt_id is not None:
-                self.outbound.write(
-                    receipt_frame(done.receipt_id, done.extra_headers, self._version)
-                )
-        self._fail(reason, message, receipt_id=entry.receipt_id)
-
-    def _flush_receipts(self) -> None:
-        disconnect = False
-        for entry in self._receipts.pop_done():
-            if entry.error is not None:
-                self._fail(CloseReason.ACCESS_DENIED, entry.error, receipt_id=entry.receipt_id)
-                return
-            if entry.receipt_id is not None:
-                self.outbound.write(
-                    receipt_frame(entry.receipt_id, entry.extra_headers, self._version)
-                )
-            disconnect = disconnect or entry.closes
-        if disconnect:
-            self._close(CloseReason.CLIENT_DISCONNECT)
 
     # -- delivery (called by the core) ----------------------------------------------------------
 
     def deliver(self, sub: Subscription, message: Message, tag: int, delivery_count: int) -> None:
         """Queue a MESSAGE frame."""
-        version = self._version
-        if version is Version.V1_0:
-            common = encode_common_headers(message, version)
-        elif message.wire is not None:
-            common = message.wire
-        else:
-            common = message.wire = encode_common_headers(message, version)
-        if tag and version is Version.V1_2:
-            head = b"MESSAGE\nsubscription:%b\nack:%d\nx-delivery-count:%d\n" % (
-                sub.link_data,
-                tag,
-                delivery_count,
-            )
-        else:
-            head = b"MESSAGE\nsubscription:%b\nx-delivery-count:%d\n" % (
-                sub.link_data,
-                delivery_count,
-            )
         outbound = self.outbound
-        out = outbound.chunks
-        body = message.body
-        if delivery_count > 1:
-            head += b"redelivered:true\n"
-        if len(body) < _COPY_BODY_BELOW:
-            # One buffer per frame: cheaper than three for the transport to gather.
-            frame = b"".join((head, common, body, b"\x00"))
-            out.append(frame)
-            size = len(frame)
-        else:
-            head += common
-            out.append(head)
-            out.append(body)
-            out.append(b"\x00")
-            size = len(head) + len(body) + 1
-        outbound.queued(size)
+        outbound.queued(
+            append_message(
+                outbound.chunks, sub.link_data, message, tag, delivery_count, self._version
+            )
+        )
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -658,33 +483,10 @@ class StompSession(asyncio.Protocol):
 
     # -- heart-beats and timers -----------------------------------------------------------------
 
-    def _arm_heartbeat(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._closing:
-            return
-        deadline = self.stomp.next_deadline(self.loop.time())
-        if deadline is not None:
-            self._timer = self.loop.call_at(deadline, self._on_heartbeat_timer)
-
-    def _on_heartbeat_timer(self) -> None:
-        self._timer = None
-        now = self.loop.time()
-        held = self.flow.reading_paused or now - self._resumed_at < self._read_grace_s
-        if held:
-            # We stopped reading this peer (flow control): its heart-beats wait in our socket.
-            self.stomp.peer_held(now)
-        if self.stomp.peer_timed_out(now):
-            self.broker.count("heartbeat_timeouts")
-            self.log.info("no data from the peer within its heart-beat interval; closing")
-            self._close(CloseReason.HEARTBEAT_TIMEOUT)
-            return
-        if self.stomp.heartbeat_due(now):
-            if not self.outbound.chunks:
-                self.outbound.write(self.stomp.heartbeat())
-            self.outbound.flush()
-        self._arm_heartbeat()
+    def _heartbeat_timeout(self) -> None:
+        self.broker.count("heartbeat_timeouts")
+        self.log.info("no data from the peer within its heart-beat interval; closing")
+        self._close(CloseReason.HEARTBEAT_TIMEOUT)
 
     def check_deadlines(self, now: float) -> None:
         """Close the connection if its partial frame is older than `frame_timeout_s`, or if it
@@ -798,6 +600,7 @@ class StompSession(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self._timer = self._slow_timer = None
+        self.heartbeat.cancel()
         # Give back what the parser holds now: the session itself may live on until the cyclic
         # garbage collector gets to it.
         held = max(self._held, self.stomp.buffered_bytes)
@@ -807,12 +610,14 @@ class StompSession(asyncio.Protocol):
             self._held = 0
             self.context.inbound.update(self, 0)
         self.context.trim.freed(held)
+        if self._counted_user is not None:
+            users = self.context.user_connections
+            users[self._counted_user] -= 1
+            if users[self._counted_user] <= 0:
+                del users[self._counted_user]
+            self._counted_user = None
         if self.core is not None:
             self.core.close()
-
-
-def _ignore(handle: WriteHandle | None) -> None:
-    """A send nobody waits on."""
 
 
 __all__ = ["CloseReason", "ConnState", "StompSession"]

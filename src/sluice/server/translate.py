@@ -1,4 +1,4 @@
-"""Between STOMP frames and core messages: SEND headers in, MESSAGE headers out.
+"""Between STOMP frames and core messages: SEND headers in, MESSAGE frames out.
 
 Headers the broker sets or consumes are not stored as user properties; every other header of a
 SEND travels with the message untouched.
@@ -36,6 +36,9 @@ BROKER_HEADERS = frozenset(
 )
 
 DEFAULT_PRIORITY = 4
+
+# Bodies smaller than this are copied into the frame's buffer; larger ones are written as they are.
+_COPY_BODY_BELOW = 64 * 1024
 
 
 def parse_int_header(
@@ -132,6 +135,46 @@ def encode_common_headers(message: Message, version: Version) -> bytes:
                 for k, v in message.headers.items()
             )
     return f"{text}content-length:{len(message.body)}\n\n".encode()
+
+
+def append_message(
+    out: list[bytes],
+    link_data: bytes,
+    message: Message,
+    tag: int,
+    delivery_count: int,
+    version: Version,
+) -> int:
+    """Append one delivery's MESSAGE frame to `out`; return its size in bytes. `link_data` is
+    the subscription id as the header value; `tag` 0 means no `ack` header."""
+    if version is Version.V1_0:
+        common = encode_common_headers(message, version)
+    elif message.wire is not None:
+        common = message.wire
+    else:
+        # Shared by every delivery of the message: encoded once, cached on it.
+        common = message.wire = encode_common_headers(message, version)
+    if tag and version is Version.V1_2:
+        head = b"MESSAGE\nsubscription:%b\nack:%d\nx-delivery-count:%d\n" % (
+            link_data,
+            tag,
+            delivery_count,
+        )
+    else:
+        head = b"MESSAGE\nsubscription:%b\nx-delivery-count:%d\n" % (link_data, delivery_count)
+    body = message.body
+    if delivery_count > 1:
+        head += b"redelivered:true\n"
+    if len(body) < _COPY_BODY_BELOW:
+        # One buffer per frame: cheaper than three for the transport to gather.
+        frame = b"".join((head, common, body, b"\x00"))
+        out.append(frame)
+        return len(frame)
+    head += common
+    out.append(head)
+    out.append(body)
+    out.append(b"\x00")
+    return len(head) + len(body) + 1
 
 
 _DESTINATION_CACHE_SIZE = 4096

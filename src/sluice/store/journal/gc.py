@@ -1,6 +1,7 @@
 """Garbage collection, archiving and compaction of data files: what may go and what to copy.
 
-The functions here decide; the writer (`Writer.collect`, on its thread) carries the plan out.
+The functions here decide; `maintenance.Maintenance.collect`, on the writer thread, carries the
+plan out.
 
 A file may go when it lies wholly before the index checkpoint, nothing pins it (`FileInfo.pins`),
 and every file it depends on is already gone (`FileInfo.deps`, so a remove never outlives the
@@ -10,7 +11,9 @@ message it removed while a rebuild could still see that message). It is deleted,
 Compaction goes further than KahaDB: a file before the checkpoint whose live bytes are below
 `compaction_live_ratio` of its data has what pins it rewritten at the head (live messages as new
 ADD records marked as copies; current subscription and destination state as SUB_PUT / DEST_STATE),
-and the index moved to the copies. Order, for crash safety: the copies are written and synced, then
+and the index moved to the copies. A file holding a message that an open transaction acknowledges
+is left alone until the transaction ends: the copy would land after the ack, and the two files
+could come to depend on each other. Order, for crash safety: the copies are written and synced, then
 the index is committed, and only then does collection delete the old file. A crash before the
 commit leaves duplicates that replay resolves to the newer copy (an ADD of an existing key
 replaces it); a crash after it leaves an unpinned old file that the next collection removes.
@@ -102,6 +105,10 @@ def compaction_targets(state: JournalState, checkpoint_file: int, ratio: float) 
     out: list[int] = []
     remaining = set(state.files)
     budget = MAX_COMPACTION_BYTES
+    # A message an open transaction removes stays where it is: a copy would land in a file
+    # newer than the remove, which then depends on it at the commit, while the copy's file may
+    # hold removes of what the remove's file holds. The two would wait for each other for ever.
+    tx_removed = state.tx_removed_files()
     changed = True
     while changed:
         changed = False
@@ -109,7 +116,7 @@ def compaction_targets(state: JournalState, checkpoint_file: int, ratio: float) 
             if file_no >= checkpoint_file:
                 break
             fi = state.files[file_no]
-            if fi.tx_pins:
+            if fi.tx_pins or file_no in tx_removed:
                 continue
             if fi.deps & remaining:
                 # It could not go once compacted: the messages' old records would stay behind

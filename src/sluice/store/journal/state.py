@@ -1,8 +1,11 @@
 """Applying journal records to the index: one code path for live writes, replay and rebuild.
 
-The small tables (destinations, subscriptions, files, dedup windows) live in memory and are written
-to the index at each checkpoint; per-message entries go straight into the LMDB write transaction.
-Used by one thread at a time (recovery, then the writer thread).
+`JournalState` is the index's view of the journal, updated record by record (`apply`). Per-message
+entries (messages, their reverse keys by file, open transactions' records) go straight into the
+LMDB write transaction; the small tables (destinations, subscriptions, files, dedup windows) live
+in memory in `tables.Tables` and are written to the index at each checkpoint (`flush`). It also
+notes the sequences that cancelled adds used, for the next checkpoint to write. Used by one thread
+at a time (recovery, then the writer thread).
 
 Liveness rules kept here are what make garbage collection safe, including for a later rebuild of
 the index from whatever files remain (see `FileInfo`): a record that removes or supersedes state
@@ -20,30 +23,22 @@ from sluice.store.journal.index import Index
 from sluice.store.journal.indexcodec import (
     DestInfo,
     FileInfo,
-    IndexCorrupt,
     MsgLoc,
     SubInfo,
-    decode_dedup,
-    decode_held_seqs,
     decode_tx_add,
     decode_tx_remove,
     dkey,
-    encode_dedup,
-    encode_held_seqs,
     encode_tx_add,
     encode_tx_remove,
     file_key,
     msg_key,
     rev_key,
-    skey,
 )
+from sluice.store.journal.tables import MAX_SEQ, DedupEntry, Tables
 
-_MAX_SEQ = (1 << 64) - 1
 _TX_ADD = b"\x00"
 _TX_REMOVE = b"\x01"
 _TX_BEGIN = b"\x02"
-
-DedupEntry = tuple[int, str, tuple[int, ...]]  # ordinal, id, files it needs
 
 
 class JournalState:
@@ -52,39 +47,44 @@ class JournalState:
     def __init__(self, index: Index, dedup_window: int) -> None:
         self.index = index
         self.dedup_window = dedup_window
+        self.tables = Tables(index, dedup_window)
         self._cancelled_seqs: dict[str, int] = {}
         self._db = index.dbs
         self._clear()
 
     def _clear(self) -> None:
-        self.dests: dict[str, DestInfo] = {}
-        self.subs: dict[tuple[str, str], SubInfo] = {}
-        self.files: dict[int, FileInfo] = {}
-        self.dedup: dict[str, deque[DedupEntry]] = {}
+        self.tables.clear()
         self.open_txs: set[int] = set()
         self.next_txno = 1
         self.updates = 0
         self.problems: list[str] = []
-        self._dirty_dests: set[str] = set()
-        self._dirty_subs: set[tuple[str, str]] = set()
-        self._dirty_files: set[int] = set()
-        self._dirty_dedup: set[str] = set()
-        self._dedup_saved: dict[str, int] = {}
-        # Last sequences the index holds but no journal record does yet (`hold_seqs`).
-        self._held_seqs: dict[str, int] = {}
-        self._held_dirty = False
+
+    # The tables, as collection and recovery read them.
+
+    @property
+    def dests(self) -> dict[str, DestInfo]:
+        """Destinations by name."""
+        return self.tables.dests
+
+    @property
+    def subs(self) -> dict[tuple[str, str], SubInfo]:
+        """Durable subscriptions by (client id, name)."""
+        return self.tables.subs
+
+    @property
+    def files(self) -> dict[int, FileInfo]:
+        """Data files by number."""
+        return self.tables.files
+
+    @property
+    def dedup(self) -> dict[str, deque[DedupEntry]]:
+        """Dedup windows by destination, oldest first."""
+        return self.tables.dedup
 
     @property
     def dirty(self) -> bool:
         """Whether anything changed since the last flush."""
-        return bool(
-            self.updates
-            or self._dirty_dests
-            or self._dirty_subs
-            or self._dirty_files
-            or self._dirty_dedup
-            or self._held_dirty
-        )
+        return bool(self.updates or self.tables.dirty)
 
     # -- loading and saving ------------------------------------------------------------------------
 
@@ -96,101 +96,18 @@ class JournalState:
         self.load()
 
     def load(self) -> None:
-        """Read the tables from the index (inside its write transaction)."""
+        """Read the tables and the open transactions from the index (inside its write
+        transaction)."""
+        self.tables.load()
         txn = self.index.txn
-        by_key: dict[bytes, str] = {}
-        for key, value in txn.cursor(db=self._db[b"dests"]):
-            info = DestInfo.decode(value)
-            self.dests[info.name] = info
-            by_key[bytes(key)] = info.name
-        for _key, value in txn.cursor(db=self._db[b"subs"]):
-            sub = SubInfo.decode(value)
-            self.subs[(sub.client_id, sub.name)] = sub
-        for key, value in txn.cursor(db=self._db[b"files"]):
-            self.files[int.from_bytes(key, "big")] = FileInfo.decode(value)
-        for key, value in txn.cursor(db=self._db[b"dedup"]):
-            name = by_key.get(bytes(key[:16]))
-            if name is None:
-                raise IndexCorrupt("dedup entry of an unknown destination")
-            dedup_id, files = decode_dedup(value)
-            ordinal = int.from_bytes(key[16:], "big")
-            self.dedup.setdefault(name, deque()).append((ordinal, dedup_id, files))
-            self._dedup_saved[name] = ordinal
         for key in txn.cursor(db=self._db[b"tx"]).iternext(keys=True, values=False):
             self.open_txs.add(int.from_bytes(key[:8], "big"))
-        held = txn.get(b"held_seqs", db=self._db[b"meta"])
-        if held is not None:
-            self._held_seqs = decode_held_seqs(held)
-        # An index written with a longer window (another setting, a rebuild by a tool) holds
-        # more than this store keeps: let the oldest go, and the files they pinned.
-        for name, window in self.dedup.items():
-            if len(window) > self.dedup_window:
-                while len(window) > self.dedup_window:
-                    for f in window.popleft()[2]:
-                        self._unpin(f)
-                self._dirty_dedup.add(name)
 
     def flush(self, checkpoint: tuple[int, int], *, ok: bool = True) -> None:
         """Write the changed tables and the checkpoint position into the write transaction."""
-        index = self.index
-        for name in self._dirty_dests:
-            info = self.dests.get(name)
-            if info is None:
-                index.delete(b"dests", dkey(name))
-            else:
-                index.put(b"dests", dkey(name), info.encode())
-        for key in self._dirty_subs:
-            sub = self.subs.get(key)
-            if sub is None:
-                index.delete(b"subs", skey(*key))
-            else:
-                index.put(b"subs", skey(*key), sub.encode())
-        for file_no in self._dirty_files:
-            fi = self.files.get(file_no)
-            if fi is None:
-                index.delete(b"files", file_key(file_no))
-            else:
-                index.put(b"files", file_key(file_no), fi.encode())
-        for name in self._dirty_dedup:
-            self._flush_dedup(name)
-        self._dirty_dests.clear()
-        self._dirty_subs.clear()
-        self._dirty_files.clear()
-        self._dirty_dedup.clear()
-        if self._held_dirty:
-            meta = self._db[b"meta"]
-            if self._held_seqs:
-                self.index.txn.put(b"held_seqs", encode_held_seqs(self._held_seqs), db=meta)
-            else:
-                self.index.txn.delete(b"held_seqs", db=meta)
-            self._held_dirty = False
+        self.tables.flush()
         self.index.write_meta(checkpoint, self.next_txno, ok=ok)
         self.updates = 0
-
-    def _flush_dedup(self, name: str) -> None:
-        txn = self.index.txn
-        db = self._db[b"dedup"]
-        dk = dkey(name)
-        window = self.dedup.get(name)
-        first = window[0][0] if window else _MAX_SEQ
-        cur = txn.cursor(db=db)
-        if cur.set_range(dk):
-            while True:
-                key = cur.key()
-                if not key or key[:16] != dk or int.from_bytes(key[16:], "big") >= first:
-                    break
-                if not self.index.delete_at(b"dedup", cur):
-                    break
-        saved = self._dedup_saved.get(name, 0)
-        for ordinal, dedup_id, files in window or ():
-            if ordinal > saved:
-                self.index.put(
-                    b"dedup", dk + ordinal.to_bytes(8, "big"), encode_dedup(dedup_id, files)
-                )
-        if window:
-            self._dedup_saved[name] = window[-1][0]
-        else:
-            self._dedup_saved.pop(name, None)
 
     # -- what recovery hands to the core -----------------------------------------------------------
 
@@ -203,13 +120,13 @@ class JournalState:
                 message_count=d.count,
                 message_bytes=d.message_bytes,
                 dispatch_mark=d.dispatch_mark,
-                dedup_ids=[i for _, i, _ in self.dedup.get(d.name, ())],
+                dedup_ids=[i for _, i, _ in self.tables.dedup.get(d.name, ())],
             )
-            for d in sorted(self.dests.values(), key=lambda d: d.name)
+            for d in sorted(self.tables.dests.values(), key=lambda d: d.name)
         ]
         subs = [
             RecoveredSubscription(s.client_id, s.name, s.destination, s.selector, s.cursor)
-            for s in sorted(self.subs.values(), key=lambda s: (s.client_id, s.name))
+            for s in sorted(self.tables.subs.values(), key=lambda s: (s.client_id, s.name))
         ]
         return dests, subs
 
@@ -217,55 +134,11 @@ class JournalState:
 
     def file_seen(self, file_no: int, data_bytes: int) -> None:
         """A data file exists and holds valid data up to `data_bytes`."""
-        fi = self.files.get(file_no)
-        if fi is None:
-            fi = self.files[file_no] = FileInfo()
-        if fi.data_bytes != data_bytes:
-            fi.data_bytes = data_bytes
-        self._dirty_files.add(file_no)
+        self.tables.file_seen(file_no, data_bytes)
 
     def files_gone(self, file_nos: Iterable[int]) -> None:
         """Data files were deleted or archived: forget them everywhere."""
-        gone = set(file_nos)
-        for file_no in gone:
-            self.files.pop(file_no, None)
-            self._dirty_files.add(file_no)
-        for file_no, fi in self.files.items():
-            if fi.deps & gone:
-                fi.deps -= gone
-                self._dirty_files.add(file_no)
-        for name, info in self.dests.items():
-            if info.files & gone:
-                info.files -= gone
-                self._dirty_dests.add(name)
-        for key, sub in self.subs.items():
-            if sub.files & gone:
-                sub.files -= gone
-                self._dirty_subs.add(key)
-
-    def _pin(self, file_no: int) -> None:
-        fi = self.files.get(file_no)
-        if fi is None:
-            fi = self.files[file_no] = FileInfo()
-        fi.pins += 1
-        self._dirty_files.add(file_no)
-
-    def _unpin(self, file_no: int) -> None:
-        fi = self.files.get(file_no)
-        if fi is not None and fi.pins > 0:
-            fi.pins -= 1
-            self._dirty_files.add(file_no)
-
-    def _add_deps(self, file_no: int, targets: Iterable[int]) -> None:
-        # Replay registers a file after its records: a remove in it must still record what it
-        # depends on, or collection could delete it before the file of the message it removed.
-        fi = self.files.get(file_no)
-        if fi is None:
-            fi = self.files[file_no] = FileInfo()
-        for target in targets:
-            if target != file_no and target in self.files and target not in fi.deps:
-                fi.deps.add(target)
-                self._dirty_files.add(file_no)
+        self.tables.files_gone(file_nos)
 
     # -- applying records --------------------------------------------------------------------------
 
@@ -304,44 +177,44 @@ class JournalState:
         elif isinstance(record, fmt.DestDelete):
             self._dest_delete(record.destination, file_no)
         elif isinstance(record, fmt.DispatchMark):
-            info = self._dest(record.destination)
+            info = self.tables.dest(record.destination)
             info.dispatch_mark = record.seq
-            info.mark_pin = self._move_pin(info.mark_pin, file_no)
+            info.mark_pin = self.tables.move_pin(info.mark_pin, file_no)
             info.files.add(file_no)
         elif isinstance(record, fmt.DestState):
             self._dest_state(record, file_no)
         elif isinstance(record, fmt.DestSeq):
-            info = self._dest(record.destination)
+            info = self.tables.dest(record.destination)
             # Equal too: a sequence the index held alone (`hold_seqs`) is now in this record.
             if record.seq >= info.last_seq:
                 info.last_seq = record.seq
-                info.seq_pin = self._move_pin(info.seq_pin, file_no)
+                info.seq_pin = self.tables.move_pin(info.seq_pin, file_no)
                 info.files.add(file_no)
         # FILE_HEADER and CHECKPOINT change nothing.
+
+    # -- sequences that cancelled adds used -------------------------------------------------------
 
     def note_cancelled(self, name: str, seq: int) -> None:
         """An add was cancelled before it was written; its sequence was used all the same, so
         the next checkpoint writes a DEST_SEQ for it (`take_cancelled_seqs`)."""
-        info = self.dests.get(name)
+        info = self.tables.dests.get(name)
         if (info is None or seq > info.last_seq) and seq > self._cancelled_seqs.get(name, 0):
             self._cancelled_seqs[name] = seq
 
     def take_cancelled_seqs(self) -> list[fmt.DestSeq]:
         """The DEST_SEQ records the next checkpoint must write: cancelled sequences, and the
         ones held in the index only (`hold_seqs`) that are still the last."""
+        dests = self.tables.dests
         wanted = {
             name: seq
             for name, seq in self._cancelled_seqs.items()
-            if name not in self.dests or seq > self.dests[name].last_seq
+            if name not in dests or seq > dests[name].last_seq
         }
-        for name, seq in self._held_seqs.items():
-            info = self.dests.get(name)
+        for name, seq in self.tables.take_held().items():
+            info = dests.get(name)
             if info is not None and info.last_seq == seq and seq > wanted.get(name, 0):
                 wanted[name] = seq
         self._cancelled_seqs.clear()
-        if self._held_seqs:
-            self._held_seqs.clear()
-            self._held_dirty = True
         return [fmt.DestSeq(name, seq) for name, seq in wanted.items()]
 
     def hold_seqs(self, records: Iterable[fmt.DestSeq]) -> None:
@@ -350,34 +223,17 @@ class JournalState:
         records), so that a clean close never lets them be handed out again. A rebuild of the
         index from the journal alone before then does not see them."""
         for record in records:
-            info = self._dest(record.destination)
+            info = self.tables.dest(record.destination)
             if record.seq > info.last_seq:
                 info.last_seq = record.seq
-            if record.seq > self._held_seqs.get(record.destination, 0):
-                self._held_seqs[record.destination] = record.seq
-                self._held_dirty = True
+            self.tables.hold_seq(record.destination, record.seq)
 
-    def _dest(self, name: str) -> DestInfo:
-        info = self.dests.get(name)
-        if info is None:
-            info = self.dests[name] = DestInfo(name)
-        self._dirty_dests.add(name)
-        return info
-
-    def _move_pin(self, old: int, new: int) -> int:
-        self._pin(new)
-        if old:
-            self._unpin(old)
-        return new
-
-    def _note_txno(self, txno: int) -> None:
-        self.open_txs.add(txno)
-        if txno >= self.next_txno:
-            self.next_txno = txno + 1
+    # -- messages ----------------------------------------------------------------------------------
 
     def _put_message(self, name: str, seq: int, loc: MsgLoc, dedup_id: str) -> None:
         index = self.index
-        info = self._dest(name)
+        tables = self.tables
+        info = tables.dest(name)
         mkey = msg_key(dkey(name), seq)
         old = index.put(b"msgs", mkey, loc.encode())
         if old is not None:
@@ -389,18 +245,18 @@ class JournalState:
         files = loc.files()
         for f in files:
             index.put_marker(b"rev", rev_key(f, mkey))
-            self._pin(f)
+            tables.pin(f)
             info.files.add(f)
-        fi = self.files[loc.file_no]
+        fi = tables.files[loc.file_no]
         fi.live_msgs += 1
         fi.live_bytes += loc.length
         info.count += 1
         info.message_bytes += loc.size
         if seq >= info.last_seq:
             info.last_seq = seq
-            info.seq_pin = self._move_pin(info.seq_pin, files[-1])
+            info.seq_pin = tables.move_pin(info.seq_pin, files[-1])
         if dedup_id and self.dedup_window > 0:
-            self._dedup_push(info, dedup_id, files)
+            tables.dedup_push(info, dedup_id, files)
 
     def messages_in(self, file_no: int, start: int, end: int) -> list[bytes]:
         """Keys of the live messages whose ADD record lies in [start, end) of a file."""
@@ -425,7 +281,7 @@ class JournalState:
     def drop_lost(self, keys: Iterable[bytes]) -> list[tuple[str, int, MsgLoc]]:
         """Forget messages whose records are lost (repair); returns (destination, seq,
         location) of each one dropped."""
-        names = {dkey(name): name for name in self.dests}
+        names = {dkey(name): name for name in self.tables.dests}
         out = []
         for mkey in keys:
             name = names.get(mkey[:16])
@@ -440,12 +296,8 @@ class JournalState:
     def _release(self, mkey: bytes, loc: MsgLoc) -> None:
         for f in loc.files():
             self.index.delete(b"rev", rev_key(f, mkey))
-            self._unpin(f)
-        fi = self.files.get(loc.file_no)
-        if fi is not None:
-            fi.live_msgs -= 1
-            fi.live_bytes -= loc.length
-            self._dirty_files.add(loc.file_no)
+            self.tables.unpin(f)
+        self.tables.message_released(loc.file_no, loc.length)
 
     def _remove_message(self, name: str, seq: int, record_files: tuple[int, ...]) -> None:
         mkey = msg_key(dkey(name), seq)
@@ -454,14 +306,14 @@ class JournalState:
             return
         loc = MsgLoc.decode(raw)
         self._release(mkey, loc)
-        info = self._dest(name)
+        info = self.tables.dest(name)
         info.count -= 1
         info.message_bytes -= loc.size
         for f in record_files:
-            self._add_deps(f, loc.files())
+            self.tables.add_deps(f, loc.files())
 
     def _remove_range(self, name: str, upto_seq: int, file_no: int) -> int:
-        info = self.dests.get(name)
+        info = self.tables.dests.get(name)
         if info is None:
             return 0
         dk = dkey(name)
@@ -476,38 +328,25 @@ class JournalState:
                 self._release(key, loc)
                 info.count -= 1
                 info.message_bytes -= loc.size
-                self._add_deps(file_no, loc.files())
+                self.tables.add_deps(file_no, loc.files())
                 removed += 1
                 if not self.index.delete_at(b"msgs", cur):
                     break
-        self._dirty_dests.add(name)
+        self.tables.dest_changed(name)
         return removed
 
-    def _dedup_push(self, info: DestInfo, dedup_id: str, files: tuple[int, ...]) -> None:
-        window = self.dedup.setdefault(info.name, deque())
-        window.append((info.dedup_next, dedup_id, files))
-        info.dedup_next += 1
-        for f in files:
-            self._pin(f)
-        while len(window) > self.dedup_window:
-            for f in window.popleft()[2]:
-                self._unpin(f)
-        self._dirty_dedup.add(info.name)
-
-    def _dedup_clear(self, name: str) -> None:
-        for _, _, files in self.dedup.pop(name, ()):
-            for f in files:
-                self._unpin(f)
-        self._dirty_dedup.add(name)
-
     # -- transactions ------------------------------------------------------------------------------
+
+    def _note_txno(self, txno: int) -> None:
+        self.open_txs.add(txno)
+        if txno >= self.next_txno:
+            self.next_txno = txno + 1
 
     def _tx_add(self, record: fmt.AddMeta, loc: MsgLoc) -> None:
         self._note_txno(record.txno)
         key = record.txno.to_bytes(8, "big") + _TX_ADD + record.ordinal.to_bytes(4, "big")
         self.index.put(b"tx", key, encode_tx_add(loc, record.destination, record.dedup_id))
-        self._pin(loc.file_no)
-        self.files[loc.file_no].tx_pins += 1
+        self.tables.tx_pin(loc.file_no)
 
     def _tx_remove(self, record: fmt.Remove, file_no: int, offset: int) -> None:
         self._note_txno(record.txno)
@@ -518,14 +357,22 @@ class JournalState:
             + offset.to_bytes(8, "big")
         )
         self.index.put(b"tx", key, encode_tx_remove(record.seq, file_no, record.destination))
-        self._pin(file_no)
-        self.files[file_no].tx_pins += 1
+        self.tables.tx_pin(file_no)
 
-    def _tx_unpin(self, file_no: int) -> None:
-        self._unpin(file_no)
-        fi = self.files.get(file_no)
-        if fi is not None and fi.tx_pins > 0:
-            fi.tx_pins -= 1
+    def tx_removed_files(self) -> set[int]:
+        """Files holding the records (ADD or TX_COMMIT) of live messages that an open
+        transaction removes."""
+        txn = self.index.txn
+        msgs = self._db[b"msgs"]
+        out: set[int] = set()
+        for key, value in txn.cursor(db=self._db[b"tx"]):
+            if key[8:9] != _TX_REMOVE:
+                continue
+            seq, _rfile, name = decode_tx_remove(value)
+            raw = txn.get(msg_key(dkey(name), seq), db=msgs)
+            if raw is not None:
+                out.update(MsgLoc.decode(raw).files())
+        return out
 
     def _close_tx(self, txno: int, file_no: int, seqs: tuple[int, ...] | None) -> None:
         """Commit (with `seqs`) or abort a transaction whose record is in `file_no`."""
@@ -545,7 +392,7 @@ class JournalState:
                 kind = key[8:9]
                 if kind == _TX_ADD:
                     loc, name, dedup_id = decode_tx_add(cur.value())
-                    self._tx_unpin(loc.file_no)
+                    self.tables.tx_unpin(loc.file_no)
                     tx_files.add(loc.file_no)
                     ordinal = int.from_bytes(key[9:13], "big")
                     if seqs is not None:
@@ -556,7 +403,7 @@ class JournalState:
                             missing += 1
                 elif kind == _TX_REMOVE:
                     seq, rfile, name = decode_tx_remove(cur.value())
-                    self._tx_unpin(rfile)
+                    self.tables.tx_unpin(rfile)
                     tx_files.add(rfile)
                     removes.append((name, seq, rfile))
                 else:
@@ -576,69 +423,65 @@ class JournalState:
         # a record file already depends on the closing one (a transacted remove of a message
         # that compaction copied next to the commit): the two would wait for each other for
         # ever, and the remove's own dependency is the one correctness needs.
-        self._add_deps(
-            file_no,
-            (f for f in tx_files if f not in self.files or file_no not in self.files[f].deps),
+        files = self.tables.files
+        self.tables.add_deps(
+            file_no, (f for f in tx_files if f not in files or file_no not in files[f].deps)
         )
 
     # -- subscriptions and destinations ------------------------------------------------------------
 
     def _sub_put(self, record: fmt.SubPut, file_no: int) -> None:
         key = (record.client_id, record.name)
-        sub = self.subs.get(key)
+        sub = self.tables.subs.get(key)
         if sub is None:
-            sub = self.subs[key] = SubInfo(
+            sub = self.tables.subs[key] = SubInfo(
                 record.client_id, record.name, record.destination, record.selector, record.cursor
             )
         else:
             sub.destination = record.destination
             sub.selector = record.selector
             sub.cursor = record.cursor
-        sub.pin = self._move_pin(sub.pin, file_no)
-        sub.put_pin = self._move_pin(sub.put_pin, file_no)
+        sub.pin = self.tables.move_pin(sub.pin, file_no)
+        sub.put_pin = self.tables.move_pin(sub.put_pin, file_no)
         sub.files.add(file_no)
-        self._dirty_subs.add(key)
+        self.tables.sub_changed(key)
 
     def _sub_cursor(self, record: fmt.SubCursor, file_no: int) -> None:
         key = (record.client_id, record.name)
-        sub = self.subs.get(key)
+        sub = self.tables.subs.get(key)
         if sub is None:
             return
         sub.cursor = record.cursor
-        sub.pin = self._move_pin(sub.pin, file_no)
+        sub.pin = self.tables.move_pin(sub.pin, file_no)
         sub.files.add(file_no)
-        self._dirty_subs.add(key)
+        self.tables.sub_changed(key)
 
     def _sub_delete(self, record: fmt.SubDelete, file_no: int) -> None:
         key = (record.client_id, record.name)
-        sub = self.subs.pop(key, None)
+        sub = self.tables.subs.pop(key, None)
         if sub is None:
             return
-        self._unpin(sub.pin)
-        self._unpin(sub.put_pin)
-        self._add_deps(file_no, sub.files)
-        self._dirty_subs.add(key)
+        self.tables.unpin(sub.pin)
+        self.tables.unpin(sub.put_pin)
+        self.tables.add_deps(file_no, sub.files)
+        self.tables.sub_changed(key)
 
     def _dest_delete(self, name: str, file_no: int) -> None:
         # Sequences its cancelled adds used die with it: no DEST_SEQ may bring it back.
         self._cancelled_seqs.pop(name, None)
-        if self._held_seqs.pop(name, None) is not None:
-            self._held_dirty = True
-        info = self.dests.get(name)
+        self.tables.forget_held(name)
+        info = self.tables.dests.get(name)
         if info is None:
             return
-        self._remove_range(name, _MAX_SEQ, file_no)
+        self._remove_range(name, MAX_SEQ, file_no)
         self._drop_tx_removes(name, file_no)
         for pin in (info.seq_pin, info.mark_pin):
             if pin:
-                self._unpin(pin)
-        self._dedup_clear(name)
-        # A destination created again restarts its window ordinals: drop the old keys now.
-        self._flush_dedup(name)
-        self._dirty_dedup.discard(name)
-        self._add_deps(file_no, info.files)
-        del self.dests[name]
-        self._dirty_dests.add(name)
+                self.tables.unpin(pin)
+        self.tables.dedup_drop(name)
+        self.tables.add_deps(file_no, info.files)
+        del self.tables.dests[name]
+        self.tables.dest_changed(name)
 
     def _drop_tx_removes(self, name: str, file_no: int) -> None:
         """Open transactions' removes of a deleted destination's messages acknowledge nothing
@@ -655,8 +498,8 @@ class JournalState:
             if key[8:9] == _TX_REMOVE:
                 _seq, rfile, dest = decode_tx_remove(cur.value())
                 if dest == name:
-                    self._tx_unpin(rfile)
-                    self._add_deps(file_no, (rfile,))
+                    self.tables.tx_unpin(rfile)
+                    self.tables.add_deps(file_no, (rfile,))
                     if not self.index.delete_at(b"tx", cur):
                         break
                     continue
@@ -664,28 +507,28 @@ class JournalState:
                 break
 
     def _dest_state(self, record: fmt.DestState, file_no: int) -> None:
-        info = self._dest(record.destination)
+        info = self.tables.dest(record.destination)
         info.last_seq = record.last_seq
         info.dispatch_mark = record.dispatch_mark
         # A zero says nothing a rebuild needs: the record that set it need not stay either.
         if record.last_seq:
-            info.seq_pin = self._move_pin(info.seq_pin, file_no)
+            info.seq_pin = self.tables.move_pin(info.seq_pin, file_no)
         elif info.seq_pin:
-            self._unpin(info.seq_pin)
+            self.tables.unpin(info.seq_pin)
             info.seq_pin = 0
         if record.dispatch_mark:
-            info.mark_pin = self._move_pin(info.mark_pin, file_no)
+            info.mark_pin = self.tables.move_pin(info.mark_pin, file_no)
         elif info.mark_pin:
-            self._unpin(info.mark_pin)
+            self.tables.unpin(info.mark_pin)
             info.mark_pin = 0
-        self._dedup_clear(record.destination)
+        self.tables.dedup_clear(record.destination)
         if self.dedup_window > 0:
             for dedup_id in record.dedup_ids[-self.dedup_window :]:
-                self._dedup_push(info, dedup_id, (file_no,))
+                self.tables.dedup_push(info, dedup_id, (file_no,))
         info.files.add(file_no)
 
     def dest_state_record(self, name: str) -> fmt.DestState:
         """The record that re-asserts a destination's state at the head (for compaction)."""
-        info = self.dests[name]
-        ids = tuple(i for _, i, _ in self.dedup.get(name, ()))
+        info = self.tables.dests[name]
+        ids = tuple(i for _, i, _ in self.tables.dedup.get(name, ()))
         return fmt.DestState(name, info.last_seq, info.dispatch_mark, ids)

@@ -1,8 +1,9 @@
 """`JournalStore`: the persistent `MessageStore` on a KahaDB-style journal and an LMDB index.
 
 Threads: the caller (the broker's event loop) runs every method; the writer thread
-(`writer.Writer`) writes, syncs, completes handles through the sink, maintains the index, runs GC;
-the preallocator thread zero-fills the next data file.
+(`writer.Writer`) writes, syncs, completes handles through the sink, maintains the index (through
+`appender.Appender`) and runs checkpoints and GC (`maintenance.Maintenance`); the preallocator
+thread zero-fills the next data file.
 
 Locks: `_lock` guards the pending queue, handle states, the overlay and the stats, and is held only
 for in-memory bookkeeping (never across I/O). `_read_lock` guards this store's read descriptors

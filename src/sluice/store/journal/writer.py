@@ -4,9 +4,11 @@ Each turn it takes everything pending (up to a batch bound) under the store lock
 TAKEN so they can no longer be cancelled; writes the batch with `pwritev` calls (one per file
 touched, IOV_MAX buffers at a time); syncs once when the policy is ALWAYS; marks the handles
 WRITTEN and hands them all to the completion sink in one call; then applies the records to the
-index. The index is committed (a checkpoint) every `index_write_batch` records or
-`checkpoint_interval_s`, always after the journal is synced up to the checkpoint position, so the
-index never gets ahead of durable journal data. GC and compaction run on this thread too.
+index. The records' bytes and their effect on the index go through `appender.Appender`;
+checkpoints (every `index_write_batch` records or `checkpoint_interval_s`), collection and
+compaction run on this thread too, between batches, in `maintenance.Maintenance`. This module is
+the thread: its queue and batches, its timers, requests from other threads (checkpoint, GC),
+pause, resume and stop, and what happens to writes when the store fails.
 
 The event-loop thread never waits for this thread's I/O: the lock is only held for queue and
 handle bookkeeping, never across a write, sync or index commit.
@@ -16,18 +18,15 @@ written; when the disk has no room for it (`DiskFullError`), the batch's handles
 error and the store goes on: nothing was written, and it takes writes again once space is back.
 Any other failure to write or sync (EIO, a failed fsync, ENOSPC in the middle of a batch) fails
 the store: its data is never taken as safe, every later write fails, and a restart recovers from
-the journal. An index commit that finds no room is not a failure: LMDB keeps the last commit, the
-records since are taken into a new transaction (`redo.py`), the store counts as full, and the
-checkpoint is tried again every `INDEX_RETRY_S`; any other index commit error fails the store.
-Every wait on this thread from another one is bounded, and ends when it stops.
+the journal. An index commit that finds no room is not a failure (see `maintenance.py`); any
+other index commit error fails the store. Every wait on this thread from another one is bounded,
+and ends when it stops.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -36,15 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.config import StoreConfig, SyncPolicy
-from sluice.errors import CorruptionError, DiskFullError, StoreError
+from sluice.errors import DiskFullError, StoreError
 from sluice.store.api import CompletionSink, StoreStats, WriteHandle, WriteState
 from sluice.store.journal import format as fmt
-from sluice.store.journal import gc
-from sluice.store.journal.files import FileReader, HeadFile, file_path, fsync_dir
+from sluice.store.journal.appender import Appender
+from sluice.store.journal.files import FileReader, HeadFile
 from sluice.store.journal.gc import GcResult
+from sluice.store.journal.maintenance import Maintenance
 from sluice.store.journal.ops import Op
-from sluice.store.journal.overlay import Cleanup, Overlay
-from sluice.store.journal.redo import redo_since_commit
+from sluice.store.journal.overlay import Overlay
 from sluice.store.journal.state import JournalState
 
 log = logging.getLogger(__name__)
@@ -55,8 +54,6 @@ MAX_BATCH_BYTES = 16 * 1024 * 1024
 REQUEST_TIMEOUT_S = 300.0
 PAUSE_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
-# An index checkpoint the disk had no room for is tried again after this long.
-INDEX_RETRY_S = 1.0
 
 
 class RequestKind(enum.Enum):
@@ -70,7 +67,7 @@ class RequestKind(enum.Enum):
 class _Request:
     kind: RequestKind
     done: threading.Event
-    result: gc.GcResult | None = None
+    result: GcResult | None = None
     error: BaseException | None = None
 
 
@@ -103,16 +100,25 @@ class Writer:
         self.overlay = overlay
         self.stats = stats
         self.sink = sink
-        self.read_lock = read_lock
-        self.store_reader = store_reader
-        self.reader = FileReader(journal_dir)
-        self.journal_dir = journal_dir
-        self.archive_dir = archive_dir
         self.queue: deque[Op] = deque()
         self.cursors: dict[tuple[str, str], int] = {}
         self.failed: BaseException | None = None
+        self._appender = Appender(head=head, state=state, lock=lock, stats=stats, durable=durable)
+        self._maintenance = Maintenance(
+            config=config,
+            durable=durable,
+            state=state,
+            appender=self._appender,
+            lock=lock,
+            overlay=overlay,
+            stats=stats,
+            read_lock=read_lock,
+            store_reader=store_reader,
+            journal_dir=journal_dir,
+            archive_dir=archive_dir,
+            fail=self._set_failed,
+        )
         self._requests: list[_Request] = []
-        self._cleanups: list[Cleanup] = []
         self._paused = False
         self._parked = False
         self._closing = False
@@ -120,17 +126,12 @@ class Writer:
         self._ended = False
         # A batch needs about one rollover at most, so it is never held up by two new files.
         self._max_batch_bytes = min(MAX_BATCH_BYTES, max(head.file_bytes // 2, 1))
-        now = time.monotonic()
-        self._last_checkpoint = now
-        self._last_sync = now
-        self._last_gc = now
-        self._cp_position = (head.file_no, head.offset)
-        # The last index commit found no room on the disk: the store counts as full until a
-        # commit goes through (tried again every INDEX_RETRY_S).
-        self.index_no_space = False
-        self._index_retry_at = 0.0
-        self._index_full_since = 0.0
         self._thread = threading.Thread(target=self._run, name="sluice-journal", daemon=True)
+
+    @property
+    def index_no_space(self) -> bool:
+        """The last index commit found no room: the store counts as full until one goes through."""
+        return self._maintenance.index_no_space
 
     # -- called by the store (holding `lock` where noted) ------------------------------------------
 
@@ -145,9 +146,7 @@ class Writer:
         self.stats.pending_write_bytes += op.nbytes
         self.cond.notify()
 
-    def request(
-        self, kind: RequestKind, timeout_s: float = REQUEST_TIMEOUT_S
-    ) -> gc.GcResult | None:
+    def request(self, kind: RequestKind, timeout_s: float = REQUEST_TIMEOUT_S) -> GcResult | None:
         """Run a checkpoint or GC on the writer thread and wait for it (not from the loop).
         Raises `StoreError` when the writer is stopping, stopped or failed, or does not answer
         within `timeout_s`."""
@@ -215,7 +214,7 @@ class Writer:
             self._drain_failed()
         finally:
             self.state.index.abort()
-            self.reader.close()
+            self._maintenance.close()
             with self.cond:
                 self._ended = True
                 requests, self._requests = self._requests, []
@@ -251,14 +250,7 @@ class Writer:
                 self._serve(req)
             if finishing:
                 if self.failed is None:
-                    try:
-                        self.checkpoint(write_marker=False)
-                    except DiskFullError as exc:
-                        log.warning(
-                            "journal: last checkpoint not taken (%s); the next start replays "
-                            "the journal from the one before",
-                            exc,
-                        )
+                    self._maintenance.closing_checkpoint()
                 return
 
     def _take(self) -> list[Op]:
@@ -278,14 +270,9 @@ class Writer:
         return batch
 
     def _next_due(self) -> float:
-        due = self._last_gc + self.config.gc_interval_s
-        if self.state.updates or self.cursors:
-            due = min(due, self._last_checkpoint + self.config.checkpoint_interval_s)
-        if self.index_no_space:
-            # Neither a checkpoint nor collection (which starts with one) before the retry.
-            due = self._index_retry_at
+        due = self._maintenance.next_due(cursors_waiting=bool(self.cursors))
         if self.head.unsynced and self.config.sync is SyncPolicy.PERIODIC:
-            due = min(due, self._last_sync + self.config.sync_interval_ms / 1000)
+            due = min(due, self._appender.last_sync_s + self.config.sync_interval_ms / 1000)
         return due
 
     def _timers(self) -> None:
@@ -296,62 +283,24 @@ class Writer:
         if (
             self.head.unsynced
             and cfg.sync is SyncPolicy.PERIODIC
-            and now - self._last_sync >= cfg.sync_interval_ms / 1000
+            and now - self._appender.last_sync_s >= cfg.sync_interval_ms / 1000
         ):
-            self._sync()
-        if self.index_no_space:
-            due = now >= self._index_retry_at
-        else:
-            due = bool(self.state.updates) and (
-                self.state.updates >= cfg.index_write_batch
-                or now - self._last_checkpoint >= cfg.checkpoint_interval_s
-            )
-        if due:
-            try:
-                self.checkpoint()
-            except DiskFullError as exc:
-                # Nothing was written, or the index was brought back (`_index_no_room`); the
-                # next turn tries again.
-                self._last_checkpoint = now
-                if not self.index_no_space:
-                    log.warning("journal checkpoint put off: %s", exc)
-            except (OSError, StoreError) as exc:
-                self._maintenance_failed("checkpoint", exc)
-                return
-        if self.index_no_space:
-            return  # collection starts with a checkpoint: it waits for the retry
-        if now - self._last_gc >= cfg.gc_interval_s:
-            self._last_gc = now
-            try:
-                self.collect()
-            except (OSError, StoreError) as exc:
-                self._maintenance_failed("garbage collection", exc)
+            self._appender.sync()
+        self._maintenance.run_due(now)
 
     def _serve(self, req: _Request) -> None:
         try:
             if self.failed is not None:
                 raise StoreError("the journal store failed earlier") from self.failed
             if req.kind is RequestKind.GC:
-                req.result = self.collect()
+                req.result = self._maintenance.collect()
             else:
-                self.checkpoint()
+                self._maintenance.checkpoint()
         except BaseException as exc:
             req.error = exc
             if isinstance(exc, OSError | StoreError) and self.failed is None:
-                self._maintenance_failed(req.kind.value, exc)
+                self._maintenance.round_failed(req.kind.value, exc)
         req.done.set()
-
-    def _maintenance_failed(self, what: str, exc: OSError | StoreError) -> None:
-        """A checkpoint or collection failed. Lack of room (nothing was written) or a damaged
-        record met while compacting stops only that round; any other I/O error (a failed sync,
-        a write cut short) fails the store: a sync that failed is never tried again as if the
-        data before it were safe."""
-        if isinstance(exc, DiskFullError | CorruptionError):
-            if not (self.index_no_space and isinstance(exc, DiskFullError)):
-                log.error("%s stopped: %s", what, exc)  # else said once for the episode
-            return
-        log.error("%s failed; the store stops accepting writes: %s", what, exc)
-        self._set_failed(exc)
 
     # -- batches -----------------------------------------------------------------------------------
 
@@ -366,24 +315,14 @@ class Writer:
                 ops.append(op)
         for (client_id, name), seq in cursors.items():
             ops.append(Op.of(fmt.SubCursor(client_id, name, seq)))
-        # Cancelled adds used their sequences whether this batch is written or refused (a
-        # destination delete applied with the batch forgets them).
-        for op in batch:
-            record = op.record
-            if (
-                isinstance(record, fmt.AddMeta)
-                and not record.txno
-                and op.handle is not None
-                and op.handle.state is WriteState.CANCELLED
-            ):
-                self.state.note_cancelled(record.destination, record.seq)
+        self._note_cancelled(batch)
         if self.failed is not None:
             self._fail_ops(ops, handles, self.failed)
             return
         try:
-            self.write(ops)
+            self._appender.write(ops)
             if self.config.sync is SyncPolicy.ALWAYS and self.durable:
-                self._sync()
+                self._appender.sync()
         except DiskFullError as exc:
             if _refusable(ops):
                 # Raised before anything of the batch was written, and every op's requester
@@ -408,79 +347,20 @@ class Writer:
             self.stats.written_records += len(ops)
             self.stats.batches += 1
         self._deliver(handles)
-        self._apply(ops)
+        self._appender.apply(ops)
 
-    def write(self, ops: Sequence[Op]) -> None:
-        """Append the ops' records, rolling over as needed; sets each op's location.
-
-        Where the records go is worked out first; when they need the next data file, it is
-        prepared before anything is written, so `DiskFullError` means nothing was written. A
-        failure after the first byte raises `StoreError` (the store must then fail).
-
-        Locations are set once every record is in its file: until then readers take a record
-        from its op's parts (a location set earlier would send them to bytes not yet written)."""
-        head = self.head
-        segments: list[list[bytes]] = [[]]
-        placed: list[tuple[Op, tuple[int, int, int]]] = []
-        file_no, pos = head.file_no, head.offset
-        for op in ops:
-            assert op.parts is not None
-            header, length = fmt.frame(op.rtype, op.parts)
-            if pos + length > head.file_bytes and pos > fmt.FILE_HEADER_RECORD_BYTES:
-                segments.append([])
-                file_no += 1
-                pos = fmt.FILE_HEADER_RECORD_BYTES
-            placed.append((op, (file_no, pos, length)))
-            segments[-1].append(header)
-            segments[-1].extend(op.parts)
-            pos += length
-        if len(segments) > 1:
-            head.prepare_next()
-        written = False
-        for i, buffers in enumerate(segments):
-            if i:
-                self.state.file_seen(head.file_no, head.offset)
-                try:
-                    head.rollover()
-                except DiskFullError as exc:
-                    if not written:
-                        raise
-                    raise StoreError(f"journal rollover failed mid-batch: {exc}") from exc
-                self.state.file_seen(head.file_no, head.offset)
-                with self.lock:
-                    self.stats.files += 1
-                    self.stats.disk_bytes += head.file_bytes
-            if buffers:
-                written = True
-                head.write(buffers)
-        with self.lock:
-            for op, location in placed:
-                op.location = location
-            self.stats.syncs = head.syncs
-
-    def _sync(self) -> None:
-        self.head.sync()
-        self._last_sync = time.monotonic()
-        with self.lock:
-            self.stats.syncs = self.head.syncs
-
-    def _apply(self, ops: Sequence[Op]) -> None:
-        apply = self.state.apply
-        for op in ops:
-            assert op.location is not None
-            assert op.record is not None
-            apply(op.rtype, op.record, *op.location)
-            if op.cleanup is not None:
-                self._cleanups.append(op.cleanup)
-
-    def write_durable(self, ops: Sequence[Op]) -> None:
-        """Write, sync and apply internal ops (compaction copies, recovery aborts)."""
-        self.write(ops)
-        if self.durable:
-            self._sync()
-        self._apply(ops)
-        with self.lock:
-            self.stats.written_records += len(ops)
+    def _note_cancelled(self, batch: Sequence[Op]) -> None:
+        """Cancelled adds used their sequences whether this batch is written or refused (a
+        destination delete applied with the batch forgets them)."""
+        for op in batch:
+            record = op.record
+            if (
+                isinstance(record, fmt.AddMeta)
+                and not record.txno
+                and op.handle is not None
+                and op.handle.state is WriteState.CANCELLED
+            ):
+                self.state.note_cancelled(record.destination, record.seq)
 
     def _deliver(self, handles: list[WriteHandle]) -> None:
         if not handles:
@@ -550,163 +430,6 @@ class Writer:
                 continue
             handles = [op.handle for op in batch if op.handle is not None]
             self._fail_ops(batch, handles, self.failed)
-
-    # -- checkpoints and files (also used by gc) ---------------------------------------------------
-
-    def checkpoint(self, *, write_marker: bool = True) -> None:
-        """Commit the index with the journal complete (and synced) up to the head position."""
-        head = self.head
-        seq_records = self.state.take_cancelled_seqs()
-        seq_ops = [Op.of(record) for record in seq_records]
-        held: list[fmt.DestSeq] = []
-        if seq_ops:
-            try:
-                self.write(seq_ops)
-            except DiskFullError as exc:
-                # Nothing was written; the index commit below holds them until there is room
-                # (a close on a full disk must not let them be handed out again).
-                log.info("journal: last sequences held in the index for now: %s", exc)
-                self.state.hold_seqs(seq_records)
-                held = seq_records
-            else:
-                self._apply(seq_ops)
-        position = (head.file_no, head.offset)
-        if position == self._cp_position and not self.state.dirty:
-            return
-        if self.durable and head.unsynced:
-            self._sync()
-        self.state.file_seen(head.file_no, head.offset)
-        self.state.flush(position)
-        try:
-            self.state.index.commit(reopen=True)
-        except DiskFullError as exc:
-            self._index_no_room(exc, position)
-            # The state came back from the last commit and the journal: sequences held only
-            # in the lost transaction are noted again for the next checkpoint.
-            for record in held:
-                self.state.note_cancelled(record.destination, record.seq)
-            raise
-        if self.index_no_space:
-            self.index_no_space = False
-            log.info(
-                "journal: index checkpoint taken again after %.1f s without room",
-                time.monotonic() - self._index_full_since,
-            )
-        cleanups, self._cleanups = self._cleanups, []
-        with self.lock:
-            self.overlay.drop(cleanups)
-            self.stats.checkpoints += 1
-        self._last_checkpoint = time.monotonic()
-        if write_marker:
-            # Informational (dump and audits); it sits at the checkpoint position, so replay
-            # reads it and nothing depends on it being durable (nor on it being there at all,
-            # when the disk had no room for it).
-            marker = Op.of(fmt.Checkpoint(position[0], position[1], int(time.time() * 1000)))
-            with contextlib.suppress(DiskFullError):
-                self.write([marker])
-        self._cp_position = (head.file_no, head.offset)
-
-    def _index_no_room(self, exc: DiskFullError, position: tuple[int, int]) -> None:
-        """The index commit found no room and LMDB dropped its transaction; the index on disk
-        is as the last checkpoint left it. Take the journal's records since then into a new
-        transaction and count the store as full until a commit goes through. Readers see no
-        change: they read the last commit and the overlay, whose cleanups wait for a commit."""
-        redo_since_commit(self.state, self.journal_dir, position)
-        now = time.monotonic()
-        self._index_retry_at = now + INDEX_RETRY_S
-        if not self.index_no_space:
-            self.index_no_space = True
-            self._index_full_since = now
-            log.warning(
-                "journal: index checkpoint put off: %s; the journal keeps what the index has "
-                "not taken yet, and the store counts as full until a checkpoint goes through",
-                exc,
-            )
-
-    # -- collection --------------------------------------------------------------------------------
-
-    def collect(self, *, compact: bool = True) -> GcResult:
-        """Checkpoint, delete or archive what nothing needs, compact what is worth it, and
-        delete what compaction freed. Deleting comes first, so a disk too full for the copies
-        still gets the space back; compaction that finds no room is put off to the next round."""
-        result = GcResult()
-        self.checkpoint()
-        self._retire_unneeded(result)
-        if compact:
-            targets = gc.compaction_targets(
-                self.state, self.head.file_no, self.config.compaction_live_ratio
-            )
-            if targets:
-                ops = gc.copy_ops(self.state, self.reader, self.journal_dir, targets, result)
-                try:
-                    self.write_durable(ops)
-                except DiskFullError as exc:
-                    log.warning("journal compaction put off: %s", exc)
-                else:
-                    self.checkpoint()
-                    result.compacted = targets
-                    result.moved_messages = sum(1 for op in ops if op.rtype == fmt.RecordType.ADD)
-                    with self.lock:
-                        self.stats.compacted_files += len(targets)
-                        self.stats.damaged_records += result.damaged_records
-                    self._retire_unneeded(result)
-        for line in result.lines():
-            log.info("journal gc: %s", line)
-        return result
-
-    def _retire_unneeded(self, result: GcResult) -> None:
-        retire = gc.deletable(self.state, self.head.file_no)
-        if not retire:
-            return
-        archive = self.config.archive and self.durable
-        self.retire_files(retire, archive)
-        (result.archived if archive else result.deleted).extend(retire)
-        self.checkpoint()
-
-    def retire_files(self, file_nos: Sequence[int], archive: bool) -> None:
-        """Delete data files, or move them to the archive, once nothing needs them: first the
-        FILES_RETIRED record that names them (synced), then the files."""
-        if not file_nos:
-            return
-        self.write_durable([Op.of(gc.retired_after(self.state, list(file_nos), self.head.file_no))])
-        gone: list[int] = []
-        try:
-            if archive:
-                self.archive_dir.mkdir(parents=True, exist_ok=True)
-            for file_no in file_nos:
-                self._retire_file(file_no, archive)
-                gone.append(file_no)
-            fsync_dir(self.journal_dir)
-            if archive:
-                fsync_dir(self.archive_dir)
-        finally:
-            # What left the directory is gone whatever failed after it (a crash before the
-            # directory sync may bring a file back: nothing in it is needed, the next
-            # collection removes it again).
-            self.state.files_gone(gone)
-            with self.lock:
-                self.stats.files -= len(gone)
-                self.stats.disk_bytes -= len(gone) * self.head.file_bytes
-                if archive:
-                    self.stats.gc_archived_files += len(gone)
-                else:
-                    self.stats.gc_deleted_files += len(gone)
-
-    def _retire_file(self, file_no: int, archive: bool) -> None:
-        path = file_path(self.journal_dir, file_no)
-        data_bytes = self.state.files[file_no].data_bytes
-        self.reader.forget(file_no)
-        with self.read_lock:
-            self.store_reader.forget(file_no)
-            if not archive:
-                path.unlink(missing_ok=True)
-                return
-            target = self.archive_dir / path.name
-            if not path.exists() and target.exists():
-                return  # moved by an earlier collection that failed after the move
-            if data_bytes:
-                os.truncate(path, data_bytes)
-            os.replace(path, target)
 
 
 def _refusable(ops: Sequence[Op]) -> bool:
