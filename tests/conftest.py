@@ -95,7 +95,9 @@ def start_broker(
     """Start a broker (memory store, port 0 unless overridden) on its own loop thread;
     `message_store` replaces the store the configuration names, `now_ms` the broker's clock,
     `login_clock` the clock of failed-login lockouts. `acl=[...]` gives `[[acl]]` rules."""
-    sections: dict[str, Any] = {"stomp": {"port": 0}, "store": {"kind": "memory"}}
+    sections: dict[str, Any] = {"store": {"kind": "memory"}}
+    if "listeners" not in overrides:
+        sections["stomp"] = {"port": 0}
     for section, values in overrides.items():
         if isinstance(values, list):
             sections[section] = values  # an array of tables: [[acl]]

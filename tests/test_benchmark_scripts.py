@@ -5,6 +5,7 @@ it changed would only be found by the next person measuring.)"""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,13 @@ SCRIPTS = [
         ["journal_store.py", "adds", "--seconds", "0.2"], "adds/sync=", id="journal_store"
     ),
     pytest.param(["streams.py", "--size", "2MiB", "--no-kill"], "verified", id="streams"),
+    pytest.param(
+        ["tls_cost.py", "--count", "2000", "--runs", "1", "--connections", "20"],
+        "connections (tls",
+        id="tls_cost",
+        # It makes its certificates with the openssl commands of docs/security.md.
+        marks=pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl"),
+    ),
     pytest.param(["machine.py"], "fsync", id="machine", marks=pytest.mark.slow),  # writes 1 GiB
     pytest.param(
         ["restart.py", "--messages", "2000"],

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sluice import config as config_mod
-from sluice.config import MiB, StoreFullPolicy
+from sluice.config import ClientCertPolicy, MiB, StoreFullPolicy
 from sluice.errors import ConfigError
 
 
@@ -129,3 +129,80 @@ def test_login_limits_and_connect_timeout_live_in_limits() -> None:
     assert limits.login_lockout_failures >= 1
     with pytest.raises(ConfigError, match="login_lockout_failures"):
         config_mod.load(env={}, overrides={"limits": {"login_lockout_failures": 0}})
+
+
+# -- [[listeners]] and TLS -----------------------------------------------------------------------
+
+
+def _pem_files(directory: Path) -> None:
+    # Only their existence is checked here; what they hold is `sluice.auth.tls`'s business.
+    for name in ("server.pem", "server.key", "ca.pem"):
+        (directory / name).write_text("x")
+
+
+def test_listeners_replace_stomp(tmp_path: Path) -> None:
+    _pem_files(tmp_path)
+    path = tmp_path / "sluice.toml"
+    path.write_text(
+        "[[listeners]]\nport = 61613\n\n"
+        '[[listeners]]\nhost = "127.0.0.1"\nport = 61612\n'
+        'tls = { cert = "server.pem", key = "server.key", ca = "ca.pem", '
+        'client_cert = "required" }\n'
+    )
+    cfg = config_mod.load(path, env={})
+    plain, tls = cfg.stomp_listeners
+    assert (plain.port, plain.tls) == (61613, None)
+    assert tls.tls is not None
+    # Relative to the configuration file.
+    assert tls.tls.cert == tmp_path / "server.pem"
+    assert tls.tls.client_cert is ClientCertPolicy.REQUIRED
+    assert config_mod.load(env={}).stomp_listeners == (config_mod.Listener(),)
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[[listeners]]\nport = 1\ntls = { cert = "server.pem" }\n', "tls needs key"),
+        (
+            '[[listeners]]\nport = 1\ntls = { cert = "nope.pem", key = "server.key" }\n',
+            r"cannot read the certificate \(tls.cert\) .*nope.pem: No such file",
+        ),
+        (
+            '[[listeners]]\nport = 1\ntls = { cert = "server.pem", key = "gone.key" }\n',
+            r"cannot read the private key \(tls.key\)",
+        ),
+        (
+            '[[listeners]]\nport = 1\ntls = { cert = "server.pem", key = "server.key", '
+            'client_cert = "required" }\n',
+            "client_cert = 'required' needs tls.ca",
+        ),
+        (
+            '[[listeners]]\nport = 1\ntls = { cert = "server.pem", key = "server.key", '
+            'client_cert = "maybe" }\n',
+            "client_cert must be none, optional or required",
+        ),
+        ("[[listeners]]\nport = 7000\n[[listeners]]\nport = 7000\n", "listed twice"),
+        ("[[listeners]]\nport = 70000\n", "port out of range"),
+        ("[[listeners]]\nhost = 'localhost'\n", "needs port"),
+        ("[[listeners]]\nport = 1\nssl = true\n", "unknown setting 'ssl'"),
+        ("[stomp]\nport = 1\n[[listeners]]\nport = 2\n", r"\[\[listeners\]\] replaces \[stomp\]"),
+        ('[stomp]\ntls = { cert = "a", key = "b" }\n', "tls goes in a"),
+        (
+            "[[listeners]]\nport = 1\n[[listeners]]\nhost = '0.0.0.0'\nport = 2\n",
+            "listens beyond loopback",
+        ),
+    ],
+)
+def test_bad_listeners_are_named(tmp_path: Path, toml: str, message: str) -> None:
+    _pem_files(tmp_path)
+    path = tmp_path / "sluice.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError, match=message):
+        config_mod.load(path, env={})
+
+
+def test_stomp_from_the_command_line_conflicts_with_listeners(tmp_path: Path) -> None:
+    path = tmp_path / "sluice.toml"
+    path.write_text("[[listeners]]\nport = 2\n")
+    with pytest.raises(ConfigError, match="--stomp"):
+        config_mod.load(path, env={}, overrides={"stomp": {"port": 0}})

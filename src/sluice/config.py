@@ -208,12 +208,39 @@ class StoreConfig:
         return self.reserve_bytes or 2 * self.journal_file_bytes
 
 
+class ClientCertPolicy(enum.Enum):
+    """Whether a TLS listener asks clients for a certificate: `none` never, `optional` asks and
+    checks one if sent, `required` refuses the handshake without one. A certificate is checked
+    against the listener's `ca`."""
+
+    NONE = "none"
+    OPTIONAL = "optional"
+    REQUIRED = "required"
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """A listener's `tls = {cert, key, ca, client_cert}`: its certificate chain and private key
+    (PEM, the key unencrypted), the CA bundle that client certificates must chain to, and whether
+    clients must present one."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+    client_cert: ClientCertPolicy = ClientCertPolicy.NONE
+
+
 @dataclass(frozen=True)
 class Listener:
-    """A STOMP listener address."""
+    """A STOMP listener: its address, and TLS settings when it speaks TLS."""
 
     host: str = DEFAULT_STOMP_HOST
     port: int = DEFAULT_STOMP_PORT
+    tls: TlsSettings | None = None
+
+    def __str__(self) -> str:
+        address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return f"{address} (tls)" if self.tls is not None else address
 
 
 @dataclass(frozen=True)
@@ -258,7 +285,9 @@ class DestinationOverride:
 class Config:
     """The whole broker configuration."""
 
+    # The one-listener form; `listeners` (`[[listeners]]`), when given, replaces it.
     stomp: Listener = field(default_factory=Listener)
+    listeners: tuple[Listener, ...] = ()
     limits: Limits = field(default_factory=Limits)
     heartbeat: HeartBeatSettings = field(default_factory=HeartBeatSettings)
     policy: DestinationPolicy = field(default_factory=DestinationPolicy)
@@ -268,6 +297,11 @@ class Config:
     acl: tuple[AclRule, ...] = ()
     broker_name: str = "sluice"
     use_uvloop: bool = True
+
+    @property
+    def stomp_listeners(self) -> tuple[Listener, ...]:
+        """The listeners the broker opens: `[[listeners]]`, or else `[stomp]`."""
+        return self.listeners or (self.stomp,)
 
     def validate(self) -> Config:
         """Check cross-field rules; return self so calls chain."""
@@ -305,6 +339,7 @@ class Config:
             )
         if not 0 <= self.stomp.port <= 65535:
             raise ConfigError(f"stomp.port out of range: {self.stomp.port}")
+        self._check_listeners()
         if self.policy.max_redeliveries < 0:
             raise ConfigError("policy.max_redeliveries must not be negative")
         if lim.login_lockout_failures < 1:
@@ -312,17 +347,58 @@ class Config:
         self._check_anonymous()
         return self
 
+    def _check_listeners(self) -> None:
+        seen: set[tuple[str, int]] = set()
+        for number, listener in enumerate(self.listeners, 1):
+            where = f"[[listeners]] {number} ({listener})"
+            if not 0 <= listener.port <= 65535:
+                raise ConfigError(f"{where}: port out of range: {listener.port}")
+            # Port 0 picks a free port each time, so it never collides.
+            key = (listener.host, listener.port)
+            if listener.port and key in seen:
+                raise ConfigError(f"{where}: {listener.host}:{listener.port} is listed twice")
+            seen.add(key)
+            if listener.tls is not None:
+                _check_tls(listener.tls, where)
+
     def _check_anonymous(self) -> None:
         # RabbitMQ's guest-on-loopback rule: without users, only this machine may connect.
         auth = self.auth
-        host = self.stomp.host
-        if auth.users_file is None and not auth.allow_anonymous and not is_loopback(host):
+        if auth.users_file is not None or auth.allow_anonymous:
+            return
+        for listener in self.stomp_listeners:
+            if is_loopback(listener.host):
+                continue
+            name = "stomp.host" if not self.listeners else "[[listeners]] host"
             raise ConfigError(
-                f"stomp.host = {host!r} listens beyond loopback, and without [auth] users_file "
-                "every client would connect anonymously: refusing to start. Set [auth] "
-                "users_file (written by `sluice user add`), or set [auth] allow_anonymous = true "
-                "to accept anonymous clients from the network"
+                f"{name} = {listener.host!r} listens beyond loopback, and without [auth] "
+                "users_file every client would connect anonymously: refusing to start. Set "
+                "[auth] users_file (written by `sluice user add`), or set [auth] "
+                "allow_anonymous = true to accept anonymous clients from the network"
             )
+
+
+def _check_readable(path: Path, what: str, where: str) -> None:
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read the {what} {path}: {exc.strerror}") from None
+    if not path.is_file():
+        raise ConfigError(f"{where}: the {what} {path} is not a file")
+
+
+def _check_tls(tls: TlsSettings, where: str) -> None:
+    """Files exist and can be read; what they hold is checked when the context is built."""
+    if tls.client_cert is not ClientCertPolicy.NONE and tls.ca is None:
+        raise ConfigError(
+            f"{where}: tls.client_cert = {tls.client_cert.value!r} needs tls.ca, the CA "
+            "certificates that client certificates must chain to"
+        )
+    _check_readable(tls.cert, "certificate (tls.cert)", where)
+    _check_readable(tls.key, "private key (tls.key)", where)
+    if tls.ca is not None:
+        _check_readable(tls.ca, "CA file (tls.ca)", where)
 
 
 def is_loopback(host: str) -> bool:
@@ -475,6 +551,64 @@ def _apply_acl(config: Config, tables: Any, where: str) -> Config:
     return dataclasses.replace(config, acl=tuple(rules))
 
 
+_TLS_KEYS = ("cert", "key", "ca", "client_cert")
+
+
+def _tls_path(raw: Any, name: str, where: str, base: Path | None) -> Path:
+    if not isinstance(raw, str) or not raw:
+        raise ConfigError(f"{where}: tls.{name} must be a file name")
+    path = Path(raw)
+    # A relative name is relative to the configuration file that gives it.
+    if base is not None and not path.is_absolute():
+        path = base / path
+    return path
+
+
+def _parse_tls(raw: Any, where: str, base: Path | None) -> TlsSettings:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: tls must be a table: {{ cert = ..., key = ... }}")
+    unknown = set(raw) - set(_TLS_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown tls setting {sorted(unknown)[0]!r}")
+    for name in ("cert", "key"):
+        if name not in raw:
+            raise ConfigError(f"{where}: tls needs {name} (a PEM file)")
+    policy = raw.get("client_cert", ClientCertPolicy.NONE.value)
+    try:
+        client_cert = ClientCertPolicy(policy)
+    except ValueError:
+        raise ConfigError(
+            f"{where}: tls.client_cert must be none, optional or required (got {policy!r})"
+        ) from None
+    return TlsSettings(
+        cert=_tls_path(raw["cert"], "cert", where, base),
+        key=_tls_path(raw["key"], "key", where, base),
+        ca=_tls_path(raw["ca"], "ca", where, base) if "ca" in raw else None,
+        client_cert=client_cert,
+    )
+
+
+def _apply_listeners(config: Config, tables: Any, where: str, base: Path | None) -> Config:
+    if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
+        raise ConfigError(f"{where}: [[listeners]] must be an array of tables")
+    listeners = list(config.listeners)
+    for number, table in enumerate(tables, len(listeners) + 1):
+        here = f"{where} [[listeners]] {number}"
+        unknown = set(table) - {"host", "port", "tls"}
+        if unknown:
+            raise ConfigError(f"{here}: unknown setting {sorted(unknown)[0]!r}")
+        if "port" not in table:
+            raise ConfigError(f"{here}: needs port")
+        listeners.append(
+            Listener(
+                host=_coerce(Listener, "host", table.get("host", DEFAULT_STOMP_HOST), here),
+                port=_coerce(Listener, "port", table["port"], here),
+                tls=_parse_tls(table["tls"], here, base) if "tls" in table else None,
+            )
+        )
+    return dataclasses.replace(config, listeners=tuple(listeners))
+
+
 def _apply(
     config: Config,
     section: str,
@@ -488,6 +622,10 @@ def _apply(
         return _apply_auth(config, values, where, base)
     if section == "acl":
         return _apply_acl(config, values, where)
+    if section == "listeners":
+        return _apply_listeners(config, values, where, base)
+    if section == "stomp" and "tls" in values:
+        raise ConfigError(f"{where} [stomp]: tls goes in a [[listeners]] table")
     if section not in _SECTIONS:
         if section in ("broker_name", "use_uvloop"):
             return dataclasses.replace(config, **{section: _coerce(Config, section, values, where)})
@@ -515,6 +653,8 @@ def load(
 ) -> Config:
     """Build a validated `Config` from defaults, a TOML file, the environment and overrides."""
     config = Config()
+    # Where [stomp] was given: it cannot be combined with [[listeners]].
+    stomp_from: list[str] = []
     if path is not None:
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -525,12 +665,23 @@ def load(
         # [policy] first, so [[destination]] overrides start from the configured defaults.
         for section in sorted(data, key=lambda name: name == "destination"):
             config = _apply(config, section, data[section], str(path), path.parent)
+        if "stomp" in data:
+            stomp_from.append(f"[stomp] in {path}")
     environ = os.environ if env is None else env
     for key, value in environ.items():
         if not key.startswith("SLUICE_") or "__" not in key:
             continue
         section, _, name = key[len("SLUICE_") :].lower().partition("__")
         config = _apply(config, section, {name: value}, f"environment {key}")
+        if section == "stomp":
+            stomp_from.append(f"environment {key}")
     for section, values in (overrides or {}).items():
         config = _apply(config, section, values, "command line")
+        if section == "stomp":
+            stomp_from.append("the command line (--stomp)")
+    if config.listeners and stomp_from:
+        raise ConfigError(
+            f"[[listeners]] replaces [stomp], but {stomp_from[0]} sets it too: give the "
+            "listeners in one place"
+        )
     return config.validate()

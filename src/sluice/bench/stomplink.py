@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
+import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
+from sluice.client.tls import client_context
 from sluice.errors import ClientError, RemoteProtocolError
 from sluice.stomp import Command, Frame, FrameParser, StompLimits, Version, encode_frame
 
@@ -42,9 +45,25 @@ class BrokerTarget:
     host: str
     port: int
     login: str | None = None
-    passcode: str | None = None
+    passcode: str | None = field(default=None, repr=False)
     # The CONNECT `host` header: RabbitMQ reads it as the virtual host.
     host_header: str = "/"
+    # TLS: on when `tls` or any file is given (`sluice.client.tls.client_context`).
+    tls: bool = False
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether connections to this target speak TLS."""
+        return self.tls or any(f is not None for f in (self.ca, self.cert, self.key))
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The client context of this target (one per process and set of files), or None."""
+        if not self.uses_tls:
+            return None
+        return _client_context(self.ca, self.cert, self.key)
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> BrokerTarget:
@@ -56,7 +75,17 @@ class BrokerTarget:
             login=broker.get("login"),
             passcode=broker.get("passcode"),
             host_header=broker.get("host_header", "/"),
+            tls=bool(broker.get("tls", False)),
+            ca=broker.get("ca"),
+            cert=broker.get("cert"),
+            key=broker.get("key"),
         )
+
+
+@functools.cache
+def _client_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
+    # Built once: loading the CA file for each connection would weigh on the handshake rate.
+    return client_context(ca=ca, cert=cert, key=key)
 
 
 def _ignore_message(frame: Frame, now_ns: int) -> None:
@@ -286,7 +315,10 @@ async def open_link(address: BrokerTarget, name: str, timeout_s: float) -> Stomp
     loop = asyncio.get_running_loop()
     try:
         _, link = await asyncio.wait_for(
-            loop.create_connection(lambda: StompLink(name), address.host, address.port), timeout_s
+            loop.create_connection(
+                lambda: StompLink(name), address.host, address.port, ssl=address.ssl_context()
+            ),
+            timeout_s,
         )
     except TimeoutError:
         raise LinkError(f"{name}: TCP connect timed out after {timeout_s:g} s") from None

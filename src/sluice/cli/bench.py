@@ -6,8 +6,9 @@
     sluice bench connections --connections N --duration S --rate-per-connection R [--broker-pid PID]
 
 Every scenario takes `--broker HOST:PORT --login --passcode --host-header` (the CONNECT `host`
-header, RabbitMQ's virtual host), `--json FILE`, `--warmup N`, `--timeout S`, `--processes`,
-`--drain-grace S` and `--broker-pid PID` (to read the broker's CPU time and memory from /proc).
+header, RabbitMQ's virtual host), `--tls --ca FILE --cert FILE --key FILE` (a TLS listener),
+`--json FILE`, `--warmup N`, `--timeout S`, `--processes`, `--drain-grace S` and
+`--broker-pid PID` (to read the broker's CPU time and memory from /proc).
 Exit codes (`ExitCode`): 0 when the run completed and every message arrived exactly once, 1
 otherwise (with a one-line reason on stderr), 2 for a usage error.
 """
@@ -32,7 +33,7 @@ from sluice.bench.payload import HEAD_BYTES, HEAD_STRUCT
 from sluice.bench.report import format_clients, summarize_clients, write_json
 from sluice.bench.roles import ACK_MODES, ConsumerSpec, ProducerSpec, receipt_window
 from sluice.bench.runner import ClientsPlan, run_clients
-from sluice.cli.common import DEFAULT_BROKER, Runner
+from sluice.cli.common import DEFAULT_BROKER, Runner, add_tls_args, tls_options
 from sluice.cli.exitcodes import ExitCode
 
 __all__ = ["add_parsers", "parse_broker", "run_bench", "split_count"]
@@ -130,6 +131,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--login", default=None)
     g.add_argument("--passcode", default=None)
+    add_tls_args(p)
     g.add_argument(
         "--host-header",
         default="/",
@@ -309,6 +311,7 @@ def _broker(args: argparse.Namespace) -> dict[str, Any]:
         "login": args.login,
         "passcode": args.passcode,
         "host_header": args.host_header,
+        **tls_options(args),
     }
 
 

@@ -75,7 +75,9 @@ def _run_broker(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, _reload, args, server)
         print(
-            f"sluice {__version__} listening on {cfg.stomp.host}:{server.port} "
+            f"sluice {__version__} listening on "
+            + ", ".join(str(bound) for bound in server.listeners)
+            + " "
             f"(store: {cfg.store.kind.value}"
             + (f", data: {cfg.store.data_dir}" if cfg.store.kind.value == "journal" else "")
             + ")",
@@ -120,7 +122,12 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
     """Add `broker` to the subcommand parsers; return its runner by name."""
     b = sub.add_parser("broker", help="run the broker")
     b.add_argument("--config", type=Path, help="TOML configuration file")
-    b.add_argument("--stomp", type=_host_port, help="listen on HOST:PORT (default 127.0.0.1:61613)")
+    b.add_argument(
+        "--stomp",
+        type=_host_port,
+        help="listen on HOST:PORT (default 127.0.0.1:61613); [[listeners]] in the configuration "
+        "file give several, plain or TLS",
+    )
     b.add_argument("--data", type=Path, help="data directory of the journal store")
     b.add_argument("--store", choices=["memory", "journal"], help="message store")
     b.add_argument("--repair", action="store_true", help="skip damaged journal records on start")

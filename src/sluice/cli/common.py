@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 from sluice.errors import SluiceError
 
-__all__ = ["DEFAULT_BROKER", "Runner", "UsageError", "add_client_args"]
+__all__ = [
+    "DEFAULT_BROKER",
+    "Runner",
+    "UsageError",
+    "add_client_args",
+    "add_tls_args",
+    "client_options",
+    "tls_options",
+]
 
 DEFAULT_BROKER = "127.0.0.1:61613"
 
@@ -39,3 +48,26 @@ def add_client_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--login", default=None)
     p.add_argument("--passcode", default=None)
+    add_tls_args(p)
+
+
+def add_tls_args(p: argparse.ArgumentParser) -> None:
+    """`--tls`, `--ca`, `--cert` and `--key`: dial a TLS listener."""
+    g = p.add_argument_group("TLS")
+    g.add_argument("--tls", action="store_true", help="connect with TLS (implied by the others)")
+    g.add_argument("--ca", default=None, metavar="FILE", help="CA certificates (PEM) to trust")
+    g.add_argument(
+        "--cert", default=None, metavar="FILE", help="client certificate (PEM) to present"
+    )
+    g.add_argument("--key", default=None, metavar="FILE", help="its private key (PEM)")
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The TLS keyword arguments of `Client.connect` that `add_tls_args`'s flags give."""
+    return {"tls": args.tls, "ca": args.ca, "cert": args.cert, "key": args.key}
+
+
+def client_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of `Client.connect` (and `BlockingClient`) that `add_client_args`'s
+    flags give: credentials and TLS."""
+    return {"login": args.login, "passcode": args.passcode, **tls_options(args)}

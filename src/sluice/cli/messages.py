@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sluice.cli.common import Runner, UsageError, add_client_args
+from sluice.cli.common import Runner, UsageError, add_client_args, client_options
 from sluice.cli.exitcodes import ExitCode
 
 __all__ = ["add_parsers"]
@@ -65,7 +65,7 @@ def _run_send(args: argparse.Namespace) -> int:
 
     headers = _parse_headers(args.header)
     body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
-    with BlockingClient(args.broker, login=args.login, passcode=args.passcode) as client:
+    with BlockingClient(args.broker, **client_options(args)) as client:
         client.send(args.destination, body, headers=headers, persistent=args.persistent)
     return ExitCode.OK
 
@@ -74,7 +74,7 @@ def _run_recv(args: argparse.Namespace) -> int:
     from sluice.client import BlockingClient  # noqa: PLC0415
 
     received = 0
-    with BlockingClient(args.broker, login=args.login, passcode=args.passcode) as client:
+    with BlockingClient(args.broker, **client_options(args)) as client:
         sub = client.subscribe(args.destination, ack=args.ack)
         while args.count == 0 or received < args.count:
             message = sub.receive(timeout=args.timeout)

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sluice.cli.common import Runner, add_client_args
+from sluice.cli.common import Runner, add_client_args, client_options
 from sluice.cli.exitcodes import ExitCode
 from sluice.cli.getdir import GetDir, PartRecord
 from sluice.cli.progress import Progress, format_bytes
@@ -281,7 +281,7 @@ def run_put(args: argparse.Namespace) -> int:
     )
     try:
         with (
-            BlockingClient(args.broker, login=args.login, passcode=args.passcode) as client,
+            BlockingClient(args.broker, **client_options(args)) as client,
             path.open("rb") as file,
         ):
             file.seek(state.offset)
@@ -454,7 +454,7 @@ def run_get(args: argparse.Namespace) -> int:
     getter = _Getter(args, folder)
     try:
         with (
-            BlockingClient(args.broker, login=args.login, passcode=args.passcode) as client,
+            BlockingClient(args.broker, **client_options(args)) as client,
             client.stream_reader(
                 args.destination, prefetch_bytes=args.prefetch_bytes, on_gap="skip"
             ) as reader,

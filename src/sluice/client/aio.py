@@ -23,7 +23,9 @@ import contextlib
 import itertools
 import logging
 import secrets
+import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 
 from sluice.client.address import BrokerAddress, parse_brokers
@@ -44,6 +46,7 @@ from sluice.client.slots import Slots
 from sluice.client.state import ClientState
 from sluice.client.streams.methods import StreamMethods
 from sluice.client.subscription import ClientSubscription, MessageCallback
+from sluice.client.tls import client_context
 from sluice.errors import ClientError
 from sluice.stomp.codec import StompLimits
 from sluice.stomp.frames import Command, Frame, Version
@@ -89,15 +92,32 @@ class Client(StreamMethods):
         max_pending_receipts: int = DEFAULT_MAX_PENDING_RECEIPTS,
         limits: StompLimits | None = None,
         connect_headers: Mapping[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        tls: bool = False,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+        key_password: str | None = None,
+        server_hostname: str | None = None,
     ) -> Client:
         """Connect to the first broker of `brokers` that answers and return the client.
 
         `brokers` is `"host:port"`, a comma-separated list, or a list; they are tried in order,
         once. `heartbeat_ms` is (how often we send, how often we want to hear from the broker).
         `version` is the highest STOMP version offered (older ones are offered too). See
-        `ClientOptions` for the rest. Raises `BrokerErrorFrame` if a broker refuses the CONNECT,
-        `ClientError` if none answers.
+        `ClientOptions` for the rest.
+
+        TLS: give an `ssl_context`, or `tls=True` with, as needed, `ca` (the CA file that signed
+        the broker's certificate; the system's CAs otherwise), `cert` and `key` (a client
+        certificate, and `key_password` if its key is encrypted); `ca`, `cert` or `key` alone
+        imply `tls=True`. The broker's certificate must name `server_hostname`, or else the host
+        dialled.
+
+        Raises `BrokerErrorFrame` if a broker refuses the CONNECT, `ClientError` if none answers
+        (or a TLS file cannot be used).
         """
+        if ssl_context is None and (tls or ca is not None or cert is not None or key is not None):
+            ssl_context = client_context(ca=ca, cert=cert, key=key, key_password=key_password)
         options = ClientOptions(
             login=login,
             passcode=passcode,
@@ -113,6 +133,8 @@ class Client(StreamMethods):
             max_pending_receipts=max_pending_receipts,
             limits=limits or StompLimits(),
             connect_headers=tuple((connect_headers or {}).items()),
+            ssl_context=ssl_context,
+            server_hostname=server_hostname,
         )
         client = cls(parse_brokers(brokers), options)
         await client._connector.connect()

@@ -112,7 +112,15 @@ class Connector:
 
         try:
             _, link = await asyncio.wait_for(
-                loop.create_connection(make_link, address.host, address.port),
+                loop.create_connection(
+                    make_link,
+                    address.host,
+                    address.port,
+                    ssl=options.ssl_context,
+                    server_hostname=(
+                        (options.server_hostname or address.host) if options.ssl_context else None
+                    ),
+                ),
                 options.connect_timeout_s,
             )
         except TimeoutError:

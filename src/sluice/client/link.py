@@ -102,6 +102,8 @@ class ClientLink(asyncio.Protocol):
         self._watch_peer_from_s = 0.0
         self._processing = False
         self._eof_pending = False
+        # Over TLS (to explain a connection a broker closes right after the handshake).
+        self._tls = False
         self._error: ClientError | None = None
 
     # State seen by the client.
@@ -156,6 +158,7 @@ class ClientLink(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport but have its methods.
         self._transport = transport = cast(asyncio.Transport, transport)
+        self._tls = transport.get_extra_info("ssl_object") is not None
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
 
     def data_received(self, data: bytes) -> None:
@@ -188,7 +191,7 @@ class ClientLink(asyncio.Protocol):
         self._out_bytes = 0
         if self._error is None:
             reason = f": {exc}" if exc is not None else ""
-            self._error = ConnectionLost(f"connection to {self.label} lost{reason}")
+            self._error = ConnectionLost(f"connection to {self.label} lost{reason}{self._hint()}")
         error = self._error
         receipts = list(self._receipts.values())
         self._receipts.clear()
@@ -204,6 +207,12 @@ class ClientLink(asyncio.Protocol):
         finally:
             if not self._lost.done():
                 self._lost.set_result(None)
+
+    def _hint(self) -> str:
+        # A TLS 1.3 broker checks our certificate after the handshake: a refusal is a close.
+        if self._tls and not self._connected.done():
+            return " (a TLS broker that requires a client certificate, or refuses ours)"
+        return ""
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -327,7 +336,12 @@ class ClientLink(asyncio.Protocol):
         versions: Sequence[Version],
         extra_headers: Mapping[str, str],
     ) -> None:
-        """Send CONNECT."""
+        """Send CONNECT; `ConnectionLost` if the connection ended already (a TLS broker that
+        refuses our certificate closes right after the handshake)."""
+        if self._error is not None:
+            raise self._error
+        if self._transport is None or self._conn.state is not ConnState.AWAITING_CONNECT:
+            raise ConnectionLost(f"connection to {self.label} closed before CONNECT{self._hint()}")
         data = self._conn.connect(
             host=host,
             login=login,

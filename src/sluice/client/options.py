@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 
 from sluice.config import DEFAULT_STOMP_HOST, DEFAULT_STOMP_PORT, MiB
@@ -33,11 +34,13 @@ class ClientOptions:
     `heartbeat_ms` is (how often we send, how often we want to hear from the broker); `version`
     the highest STOMP version offered (older ones are offered too). Reconnect rounds wait from
     `initial_reconnect_delay_s` doubling up to `max_reconnect_delay_s`. `receipt_timeout_s`
-    bounds each wait for a RECEIPT and for a connection to come back.
+    bounds each wait for a RECEIPT and for a connection to come back. `ssl_context` dials TLS
+    (see `sluice.client.tls.client_context`); the server's certificate must name
+    `server_hostname`, or the host dialled when it is None. The passcode stays out of `repr`.
     """
 
     login: str | None = None
-    passcode: str | None = None
+    passcode: str | None = field(default=None, repr=False)
     client_id: str | None = None
     heartbeat_ms: tuple[int, int] = (10_000, 10_000)
     version: str = "1.2"
@@ -50,6 +53,8 @@ class ClientOptions:
     max_pending_receipts: int = DEFAULT_MAX_PENDING_RECEIPTS
     limits: StompLimits = field(default_factory=StompLimits)
     connect_headers: tuple[tuple[str, str], ...] = ()
+    ssl_context: ssl.SSLContext | None = field(default=None, compare=False)
+    server_hostname: str | None = None
 
     def __post_init__(self) -> None:
         self.versions()

@@ -24,9 +24,10 @@ from sluice.core.broker import Broker
 from sluice.server.inbound import InboundBudget, MemoryTrim
 from sluice.stomp.codec import StompLimits
 
-# CONNECT's `login` and `passcode` and the client's address (host) in; who it is, or why it is
-# refused, out. May be slow (a password hash): it runs on `Guard.executor` when there is one.
-Authenticator = Callable[[str | None, str | None, str], Identity | Refusal]
+# CONNECT's `login` and `passcode`, the client's address (host) and the subject CN of its
+# verified TLS client certificate (None without one) in; who it is, or why it is refused, out.
+# May be slow (a password hash): it runs on `Guard.executor` when there is one.
+Authenticator = Callable[[str | None, str | None, str, str | None], Identity | Refusal]
 
 
 class LiveSession(Protocol):
@@ -74,7 +75,9 @@ class CloseReason(enum.Enum):
     USER_REMOVED = "user_removed"
 
 
-def _everyone(login: str | None, passcode: str | None, address: str) -> Identity | Refusal:
+def _everyone(
+    login: str | None, passcode: str | None, address: str, certificate: str | None
+) -> Identity | Refusal:
     return ANONYMOUS
 
 

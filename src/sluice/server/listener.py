@@ -1,21 +1,26 @@
 """The broker server: recovers the stores it is given, checks who connects (the users file and
-the `[[acl]]` rules, reloaded on demand), listens for STOMP connections, and shuts down cleanly."""
+the `[[acl]]` rules, reloaded on demand), listens for STOMP connections on each listener (plain
+TCP or TLS), and shuts down cleanly."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from sluice import __version__
 from sluice.auth.acl import AccessControl
 from sluice.auth.login import Authenticator as UsersAuthenticator
+from sluice.auth.tls import server_context
 from sluice.auth.users import UsersFile, load_users
-from sluice.config import Config
+from sluice.config import Config, Listener
 from sluice.core.broker import Broker
 from sluice.server.context import Authenticator, Guard, LiveSession, SessionContext
+from sluice.server.handshake import TlsListener
 from sluice.server.inbound import InboundBudget, MemoryTrim
 from sluice.server.session import StompSession
 from sluice.stomp.codec import StompLimits
@@ -25,6 +30,33 @@ log = logging.getLogger(__name__)
 
 # Passwords are hashed on this many threads at most (scrypt takes tens of MiB and ms each).
 LOGIN_THREADS = 2
+
+
+@dataclass
+class BoundListener:
+    """A listener of the configuration, its TLS context, and the port it got."""
+
+    listener: Listener
+    tls: ssl.SSLContext | None
+    port: int = 0
+    server: asyncio.base_events.Server | None = None
+    tls_listener: TlsListener | None = None
+
+    def __str__(self) -> str:
+        host = self.listener.host
+        address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        return f"{address} (tls)" if self.tls is not None else address
+
+
+def _bind_listeners(config: Config) -> list[BoundListener]:
+    """Each listener with its TLS context, built now so that a bad file stops the start."""
+    bound = []
+    for number, listener in enumerate(config.stomp_listeners, 1):
+        context = None
+        if listener.tls is not None:
+            context = server_context(listener.tls, f"[[listeners]] {number} ({listener})")
+        bound.append(BoundListener(listener, context))
+    return bound
 
 
 def _users(config: Config) -> UsersFile | None:
@@ -49,12 +81,14 @@ class BrokerServer:
         replaces the check of CONNECT's credentials against `[auth] users_file`; `now_ms` is the
         broker's wall clock in milliseconds and `login_clock` the monotonic clock of failed-login
         lockouts (the system's unless a test gives its own). Raises `ConfigError` if the users
-        file cannot be used (unreadable, invalid, or open to group or others)."""
+        file cannot be used (unreadable, invalid, or open to group or others), or a TLS
+        listener's certificate, key or CA."""
         self.config = config
         self.version = __version__
         self.loop = asyncio.get_running_loop()
         self.broker = Broker(config, store, self.loop, temp_store=temp_store, now_ms=now_ms)
         limits = config.limits
+        self.listeners = _bind_listeners(config)
         users = _users(config)
         self.authenticator = UsersAuthenticator(
             users,
@@ -94,7 +128,7 @@ class BrokerServer:
         )
         self.broker.memory_freed = context.trim.freed
         self.context = context
-        self._server: asyncio.base_events.Server | None = None
+        # The first listener's port (the one `[stomp]` or the first `[[listeners]]` gives).
         self.port = 0
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_interval_s = _deadline_interval_s(config)
@@ -146,31 +180,53 @@ class BrokerServer:
     def _new_session(self) -> StompSession:
         return StompSession(self.context)
 
+    async def _listen(self, bound: BoundListener) -> None:
+        host, port = bound.listener.host, bound.listener.port
+        if bound.tls is None:
+            bound.server = await self.loop.create_server(
+                self._new_session, host, port, reuse_address=True, backlog=4096
+            )
+            bound.port = bound.server.sockets[0].getsockname()[1]
+            return
+        # The handshake has the CONNECT deadline: a peer that never finishes it is dropped.
+        bound.tls_listener = TlsListener(
+            bound.tls,
+            self._new_session,
+            timeout_s=self.config.limits.connect_timeout_s or None,
+            count=self.broker.count,
+        )
+        bound.tls_listener.listen(host, port)
+        bound.port = bound.tls_listener.port
+
     async def start(self) -> None:
-        """Recover the store and start listening."""
+        """Recover the store and start listening on every listener."""
         recovery = self.broker.open()
         for line in recovery.report:
             log.warning("store recovery: %s", line)
-        self._server = await self.loop.create_server(
-            self._new_session,
-            self.config.stomp.host,
-            self.config.stomp.port,
-            reuse_address=True,
-            backlog=4096,
-        )
+        try:
+            for bound in self.listeners:
+                await self._listen(bound)
+        except BaseException:
+            self._close_listeners()
+            raise
+        self.port = self.listeners[0].port
         if self._deadline_interval_s:
             self._deadline_timer = self.loop.call_later(
                 self._deadline_interval_s, self._check_deadlines
             )
-        sock = self._server.sockets[0]
-        self.port = sock.getsockname()[1]
         log.info(
-            "sluice %s listening for STOMP on %s:%d (store: %s)",
+            "sluice %s listening for STOMP on %s (store: %s)",
             self.version,
-            self.config.stomp.host,
-            self.port,
+            ", ".join(str(bound) for bound in self.listeners),
             self.config.store.kind.value,
         )
+
+    def _close_listeners(self) -> None:
+        for bound in self.listeners:
+            if bound.server is not None:
+                bound.server.close()
+            if bound.tls_listener is not None:
+                bound.tls_listener.close()
 
     def _check_deadlines(self) -> None:
         """Frames past `frame_timeout_s`, idle connections past `idle_timeout_s`: one sweep of
@@ -184,17 +240,17 @@ class BrokerServer:
 
     async def stop(self) -> None:
         """Stop listening, close every session, then close the store."""
-        if self._server is not None:
-            self._server.close()
+        self._close_listeners()
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer = None
         self.broker.shutting_down = True
         for session in list(self.sessions):
             session.shutdown()
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        for bound in self.listeners:
+            if bound.server is not None:
+                await bound.server.wait_closed()
+                bound.server = None
         # Let the transports flush what they hold and run connection_lost.
         await asyncio.sleep(0)
         self.broker.close()

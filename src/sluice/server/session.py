@@ -22,6 +22,7 @@ import socket
 from typing import Any, cast
 
 from sluice.auth.identity import Identity, Refusal
+from sluice.auth.tls import certificate_name
 from sluice.core.connection import BrokerConnection
 from sluice.core.message import Message
 from sluice.core.services import FlowReason
@@ -307,7 +308,12 @@ class StompSession(asyncio.Protocol):
         # check is a password hash); frames sent behind CONNECT wait in the parser.
         self.flow.pause(ReadPause.LOGIN)
         guard = self.context.guard
-        args = (frame.headers.get("login"), frame.headers.get("passcode"), self._peer_host())
+        args = (
+            frame.headers.get("login"),
+            frame.headers.get("passcode"),
+            self._peer_host(),
+            self._certificate_name(),
+        )
         if guard.executor is None:
             self._logged_in(frame, guard.authenticate(*args))
             return
@@ -329,6 +335,11 @@ class StompSession(asyncio.Protocol):
     def _peer_host(self) -> str:
         peer = self.transport.get_extra_info("peername") if self.transport is not None else None
         return str(peer[0]) if isinstance(peer, tuple) and peer else "-"
+
+    def _certificate_name(self) -> str | None:
+        # From the TLS handshake (a verified certificate), never from a frame.
+        transport = self.transport
+        return certificate_name(transport.get_extra_info("peercert")) if transport else None
 
     def _logged_in(self, frame: Frame, outcome: Identity | Refusal) -> None:
         receipt = frame.headers.get("receipt")

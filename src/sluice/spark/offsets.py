@@ -82,6 +82,7 @@ def open_session(options: SourceOptions, *, client_id: str | None = None) -> Wir
         login=options.login,
         passcode=options.passcode,
         client_id=client_id,
+        tls=options.tls,
         timeout_s=options.timeout_s,
     )
 

@@ -12,7 +12,7 @@ import os
 import re
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sluice.config import DEFAULT_DEDUP_WINDOW, DEFAULT_STOMP_HOST, DEFAULT_STOMP_PORT
 from sluice.errors import ConfigError
@@ -29,6 +29,7 @@ __all__ = [
     "OptionError",
     "SinkOptions",
     "SourceOptions",
+    "TlsOptions",
     "journal_options",
     "sink_options",
     "source_options",
@@ -52,6 +53,19 @@ class OptionError(ConfigError):
 
 
 @dataclass(frozen=True)
+class TlsOptions:
+    """Options `tls` (true), `tls.ca`, `tls.cert`, `tls.key` and `tls.keyPassword`: how to dial a
+    TLS listener (see `sluice.client.tls.client_context`). Files are read where the connection
+    is made, driver or executor, so they must be at the same path on every node. The key password
+    stays out of `repr`."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    key_password: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
 class SourceOptions:
     """Options of `spark.read[Stream].format("sluice")`.
 
@@ -64,7 +78,8 @@ class SourceOptions:
     subscription: str | None = None
     client_id: str = DEFAULT_CLIENT_ID
     login: str | None = None
-    passcode: str | None = None
+    passcode: str | None = field(default=None, repr=False)
+    tls: TlsOptions | None = None
     starting: str = LATEST
     ending: str = LATEST
     max_offsets_per_trigger: int | None = None
@@ -86,7 +101,8 @@ class SinkOptions:
     broker: str
     destination: str | None = None
     login: str | None = None
-    passcode: str | None = None
+    passcode: str | None = field(default=None, repr=False)
+    tls: TlsOptions | None = None
     persistent: bool = True
     write_id: str | None = None
     dedup_window: int = DEFAULT_DEDUP_WINDOW
@@ -161,6 +177,18 @@ def _text(options: dict[str, str], name: str) -> str | None:
     return raw.strip()
 
 
+def _tls(options: dict[str, str]) -> TlsOptions | None:
+    files = {name: _text(options, f"tls.{name}") for name in ("ca", "cert", "key")}
+    key_password = options.get("tls.keypassword")
+    if not _bool(options, "tls", False) and not any(files.values()):
+        if key_password is not None:
+            raise OptionError("option tls.keyPassword needs tls.cert and tls.key")
+        return None
+    if files["key"] is not None and files["cert"] is None:
+        raise OptionError("option tls.key needs tls.cert, the client certificate")
+    return TlsOptions(key_password=key_password, **files)
+
+
 def topic_name(raw: str) -> str:
     """`/topic/NAME` for `NAME` or `/topic/NAME`; queues cannot be read as logs."""
     name = raw.strip()
@@ -199,6 +227,7 @@ def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOpti
         client_id=_text(opts, "clientId") or DEFAULT_CLIENT_ID,
         login=_text(opts, "login"),
         passcode=opts.get("passcode"),
+        tls=_tls(opts),
         starting=starting,
         ending=ending,
         max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", None, 1),
@@ -220,6 +249,7 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
         destination=destination,
         login=_text(opts, "login"),
         passcode=opts.get("passcode"),
+        tls=_tls(opts),
         persistent=_bool(opts, "persistent", True),
         write_id=_text(opts, "writeId"),
         dedup_window=_int(opts, "dedupWindow", DEFAULT_DEDUP_WINDOW, 1) or DEFAULT_DEDUP_WINDOW,

@@ -114,6 +114,7 @@ def send_transaction(options: SinkOptions, rows: Iterable[OutgoingRow], prefix: 
         login=options.login,
         passcode=options.passcode,
         timeout_s=options.timeout_s,
+        tls=options.tls,
     ) as session:
         tx = f"spark-{secrets.token_hex(6)}"
         session.send(Command.BEGIN, {"transaction": tx})

@@ -18,13 +18,16 @@ import contextlib
 import itertools
 import logging
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
 
 from sluice.client.address import parse_brokers
+from sluice.client.tls import client_context
 from sluice.errors import BrokerErrorFrame, ClientError, ProtocolError
+from sluice.spark.options import TlsOptions
 from sluice.stomp.connection import ConnState, Role, StompConnection
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
 
@@ -38,6 +41,14 @@ _FLUSH_BYTES = 256 * 1024
 _RECV_BYTES = 256 * 1024
 # How long a closing session waits for the broker's DISCONNECT receipt.
 _CLOSE_TIMEOUT_S = 5.0
+
+
+def _wrap(context: ssl.SSLContext, sock: socket.socket, host: str) -> ssl.SSLSocket:
+    try:
+        return context.wrap_socket(sock, server_hostname=host)
+    except BaseException:
+        sock.close()
+        raise
 
 
 class WireSession:
@@ -67,20 +78,29 @@ class WireSession:
         passcode: str | None = None,
         client_id: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        tls: TlsOptions | None = None,
     ) -> WireSession:
-        """Connect to the first broker of `brokers` (`host:port[,host:port...]`) that answers.
+        """Connect to the first broker of `brokers` (`host:port[,host:port...]`) that answers,
+        over TLS with `tls`.
 
         Raises `BrokerErrorFrame` if a broker refuses the CONNECT, `ClientError` if none answers.
         """
+        context = None
+        if tls is not None:
+            context = client_context(
+                ca=tls.ca, cert=tls.cert, key=tls.key, key_password=tls.key_password
+            )
         failures: list[str] = []
         for address in parse_brokers(brokers):
             label = str(address)
             try:
                 sock = socket.create_connection((address.host, address.port), timeout_s)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if context is not None:
+                    sock = _wrap(context, sock, address.host)
             except OSError as exc:
                 failures.append(f"{label}: {exc.strerror or exc}")
                 continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             session = cls(sock, StompConnection(Role.CLIENT), label)
             try:
                 session._handshake(login, passcode, client_id)

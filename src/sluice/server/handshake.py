@@ -1,0 +1,140 @@
+"""A TLS listener: it accepts connections itself and runs each TLS handshake before the STOMP
+session begins.
+
+`loop.create_server(ssl=...)` would drop a failed handshake without a word (asyncio and uvloop
+only log those in debug mode). Here each accepted socket is handed to
+`loop.connect_accepted_socket` with the listener's context, which returns once the handshake is
+done (the session's `connection_made` has then run) or raises. A failure (wrong CA, an expired or
+missing client certificate, an old protocol version, a peer that does not speak TLS, no handshake
+within the deadline) is logged as one line with the peer and OpenSSL's reason, without a
+traceback, and counted (`tls_handshake_failures`; `tls_handshakes` counts the good ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import ssl
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TlsListener"]
+
+BACKLOG = 4096
+# Out of file descriptors: accept again after this, rather than spin.
+_ACCEPT_RETRY_S = 0.1
+_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def _listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """One socket per address `host` names (`""`: every interface), as `create_server` binds."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+class TlsListener:
+    """Accepts TCP connections on `host:port` and gives each, once its TLS handshake is done, to
+    a session from `make_session`."""
+
+    def __init__(
+        self,
+        context: ssl.SSLContext,
+        make_session: Callable[[], asyncio.Protocol],
+        *,
+        timeout_s: float | None,
+        count: Callable[[str], None],
+    ) -> None:
+        self.context = context
+        self.make_session = make_session
+        self.timeout_s = timeout_s
+        self.count = count
+        self.sockets: list[socket.socket] = []
+        self.port = 0
+        self._accepting: list[asyncio.Task[None]] = []
+        self._handshakes: set[asyncio.Task[None]] = set()
+
+    def listen(self, host: str, port: int) -> None:
+        """Bind, listen and start accepting; `OSError` if the address cannot be had."""
+        self.sockets = _listening_sockets(host, port)
+        self.port = self.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        self._accepting = [loop.create_task(self._accept(sock)) for sock in self.sockets]
+
+    async def _accept(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(sock)
+            except OSError as exc:
+                if exc.errno in (errno.EBADF, errno.EINVAL):  # the socket was closed
+                    return
+                self.count("accept_failures")
+                log.warning("cannot accept a TLS connection: %s", exc.strerror or exc)
+                if exc.errno in _OUT_OF_FILES:
+                    # Waiting for whatever holds the descriptors to give some back.
+                    await asyncio.sleep(_ACCEPT_RETRY_S)
+                continue
+            task = loop.create_task(self._handshake(conn, peer))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket, peer: object) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(
+                self.make_session, conn, ssl=self.context, ssl_handshake_timeout=self.timeout_s
+            )
+        except (OSError, EOFError, TimeoutError, ssl.SSLError) as exc:
+            conn.close()
+            self.count("tls_handshake_failures")
+            log.warning("TLS handshake with %s failed: %s", _peer(peer), _reason(exc))
+        except BaseException:
+            conn.close()
+            raise
+        else:
+            self.count("tls_handshakes")
+
+    def close(self) -> None:
+        """Stop accepting and drop the handshakes in progress."""
+        for task in [*self._accepting, *self._handshakes]:
+            task.cancel()
+        self._accepting = []
+        for sock in self.sockets:
+            sock.close()
+        self.sockets = []
+
+
+def _peer(peer: object) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return "-"
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"{exc.reason or 'certificate verify failed'}: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason)
+    if isinstance(exc, TimeoutError):
+        return "no handshake within the deadline"
+    text = str(exc) or type(exc).__name__
+    # One line, whatever the exception says.
+    return " ".join(text.split())[:200]
