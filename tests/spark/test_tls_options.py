@@ -14,6 +14,7 @@ pytest.importorskip("pyarrow", reason="needs the spark extra")
 from conftest import RunningBroker, start_broker
 from sluice.auth.users import ScryptParams, User, UsersFile, hash_password, save_users
 from sluice.errors import ClientError
+from sluice.spark.offsets import fetch_offsets
 from sluice.spark.options import OptionError, TlsOptions, sink_options, source_options
 from sluice.spark.produce import send_transaction
 from sluice.spark.wire import WireSession
@@ -73,7 +74,8 @@ def tls_broker(tmp_path: Path) -> Iterator[tuple[RunningBroker, _Pki]]:
                 "read": ["spark"],
                 "write": ["spark"],
                 "admin": ["spark"],
-            }
+            },
+            {"destination": "/topic/spark.>", "read": ["spark"], "admin": ["spark"]},
         ],
     )
     try:
@@ -101,6 +103,8 @@ def test_the_wire_session_speaks_tls_with_a_client_certificate(
         session.request(Command.SUBSCRIBE, {"destination": "/queue/spark.out", "id": "1"})
         assert [session.receive().body for _ in range(2)] == [b"a", b"b"]
     assert broker.stats()["logins"] == 2
+    # The offsets of a topic, as the source asks for them, over the same TLS.
+    assert fetch_offsets(broker.address, "/topic/spark.tls", tls=options.tls) == (1, 0)
     # Without a certificate, the broker refuses the handshake.
     with pytest.raises(ClientError, match="no broker answered"):
         WireSession.open(broker.address, tls=TlsOptions(ca=str(pki.ca.cert)), timeout_s=5)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sluice.errors import ClientError
-from sluice.spark.options import EARLIEST, LATEST, SourceOptions
+from sluice.spark.options import EARLIEST, LATEST, SourceOptions, TlsOptions
 from sluice.spark.wire import DEFAULT_TIMEOUT_S, WireSession
 from sluice.stomp.frames import Command
 
@@ -110,9 +110,13 @@ def fetch_offsets(
     login: str | None = None,
     passcode: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    tls: TlsOptions | None = None,
 ) -> tuple[int, int]:
-    """`(first, last)` offsets of `topic` on `broker` (see the module docstring)."""
-    with WireSession.open(broker, login=login, passcode=passcode, timeout_s=timeout_s) as session:
+    """`(first, last)` offsets of `topic` on `broker` (see the module docstring), over TLS
+    with `tls`."""
+    with WireSession.open(
+        broker, login=login, passcode=passcode, timeout_s=timeout_s, tls=tls
+    ) as session:
         offsets = _probe(session, topic)
     return offsets.first, offsets.last
 
