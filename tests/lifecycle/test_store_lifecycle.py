@@ -643,6 +643,22 @@ FIXED_FAILING_CASES = [
         "the index did not hold yet: the acknowledged message showed in load() until the next "
         "commit; each removal now has its own overlay.Removed marker",
     ),
+    (
+        3718535680,
+        [
+            "tx-send#3 d=2 n=2 size=47747 slot=1",
+            "tx-commit#5 slot=1",
+            "ack#6 d=2 n=3 pick=0.985",
+            "gc#10",
+            "rebuild#11",
+        ],
+        "dest-info",
+        "a destination whose last sequence came from a TX_COMMIT in a later file than its ADDs: "
+        "the sequence pin was on the commit's file, which does not name the destination, so "
+        "once the messages were acknowledged collection deleted the ADDs' files and a rebuild "
+        "lost the destination and its last_seq; the pin is now on the ADD's file "
+        "(JournalState._put_message), and the commit's file depends on it",
+    ),
 ]
 
 

@@ -254,7 +254,9 @@ class JournalState:
         info.message_bytes += loc.size
         if seq >= info.last_seq:
             info.last_seq = seq
-            info.seq_pin = tables.move_pin(info.seq_pin, files[-1])
+            # The ADD names the destination (a TX_COMMIT holds only sequences), and the commit's
+            # file depends on the ADD's (`_close_tx`), so it stays as long as this pin does.
+            info.seq_pin = tables.move_pin(info.seq_pin, loc.file_no)
         if dedup_id and self.dedup_window > 0:
             tables.dedup_push(info, dedup_id, files)
 
