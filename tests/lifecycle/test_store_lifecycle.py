@@ -659,6 +659,53 @@ FIXED_FAILING_CASES = [
         "lost the destination and its last_seq; the pin is now on the ADD's file "
         "(JournalState._put_message), and the commit's file depends on it",
     ),
+    (
+        2692307166,
+        [
+            "send#2 d=1 n=1 size=2776 pick=0.969 opt=6",
+            "disk-full#4 n=4",
+            "tx-send#7 n=11 size=6246 slot=1",
+            "mark#8 pick=0.19",
+            "restart#9",
+            "send#10 d=3 n=4 size=550 pick=0.254",
+            "stream#11 d=3 n=2 size=5491",
+            "gc#12",
+            "ack#13 d=1 n=3 pick=0.055",
+            "send#15 d=3 n=1 size=511 pick=0.976",
+            "send#18 d=2 n=3 size=1032 pick=0.12",
+            "tx-ack#20 d=3 pick=0.329 slot=1",
+            "crash#21 opt=1 after=8",
+            "delete-dest#24 pick=0.922",
+            "send#25 d=2 n=2 size=109 pick=0.812 opt=4",
+            "send#27 n=4 size=96 pick=0.404 opt=4",
+            "send-ack#28 d=2 n=1 size=3246 pick=0.13",
+            "sub-cursor#30 d=1 n=4 slot=1",
+            "send#31 d=3 n=1 size=28 pick=0.382 opt=1",
+            "rebuild#32",
+        ],
+        "last-seq",
+        "a cancelled sequence that no DEST_SEQ could record for lack of room is held in the "
+        "index alone (JournalState.hold_seqs); rebuild-index threw that index away, so "
+        "last_seq went back below a sequence already handed out; the rebuild now takes the "
+        "held sequences over from the old index (Index.peek_held_seqs)",
+    ),
+    (
+        2072828600,
+        [
+            "disk-full#18 n=5",
+            "send#24 d=1 n=4 size=235 pick=0.711",
+            "send#36 n=2 size=4283 pick=0.576",
+            "send#37 d=1 n=2 size=3231 pick=0.166 opt=4",
+            "send#53 d=2 n=1 size=17452 pick=0.912",
+            "send-ack#55 d=1 n=2 size=11 pick=0.446",
+            "rebuild#59",
+        ],
+        "last-seq",
+        "a cancelled sequence that no DEST_SEQ could record for lack of room is held in the "
+        "index alone (JournalState.hold_seqs); rebuild-index threw that index away, so "
+        "last_seq went back below a sequence already handed out; the rebuild now takes the "
+        "held sequences over from the old index (Index.peek_held_seqs)",
+    ),
 ]
 
 

@@ -221,7 +221,8 @@ class JournalState:
         """The journal had no room for these DEST_SEQ records: the index holds the sequences
         (in the destinations' last sequence, and in meta until a later checkpoint writes the
         records), so that a clean close never lets them be handed out again. A rebuild of the
-        index from the journal alone before then does not see them."""
+        index takes them over from the old index when it can read it (`Index.peek_held_seqs`);
+        from the journal alone it does not see them."""
         for record in records:
             info = self.tables.dest(record.destination)
             if record.seq > info.last_seq:
