@@ -824,6 +824,96 @@ FIXED_FAILING_CASES = [
         "disk",
         _TX_ACK_CYCLE,
     ),
+    (
+        2226366891,
+        [
+            "send#1 d=3 n=1 size=227 pick=0.982",
+            "ack#3 d=3 n=1 pick=0.632",
+            "send#4 d=3 n=4 size=204 pick=0.685 opt=7",
+            "sub-cursor#5",
+            "send#8 d=2 n=2 size=427 pick=0.808",
+            "mark#9 d=1 pick=0.552",
+            "tx-send#10 d=1 n=13 size=5595 opt=6",
+            "sub-cursor#11 d=1 n=3 slot=2",
+            "send#12 d=1 n=1 size=135 pick=0.804",
+            "sub-put#13 d=1 n=4 slot=2",
+            "send#14 n=2 size=2738 pick=0.428",
+            "tx-ack#15 d=2 pick=0.043",
+            "send#16 d=3 n=2 size=2273 pick=0.857 opt=4",
+            "stream#17 d=2 n=3 size=5659",
+            "delete-dest#18 d=3 pick=0.851",
+            "send#20 d=3 n=4 size=1576 pick=0.612 opt=4",
+            "ack#22 d=3 n=2 pick=0.117",
+        ],
+        "resurrected",
+        "every overlay removal was the same None, so the index commit that held an old remove of "
+        "/topic/u #1 (before a delete) dropped the entry of a newer remove of the new #1 that "
+        "the index did not hold yet: the acknowledged message showed in load() until the next "
+        "commit; each removal now has its own overlay.Removed marker",
+    ),
+    (
+        3718535680,
+        [
+            "tx-send#3 d=2 n=2 size=47747 slot=1",
+            "tx-commit#5 slot=1",
+            "ack#6 d=2 n=3 pick=0.985",
+            "gc#10",
+            "rebuild#11",
+        ],
+        "dest-info",
+        "a destination whose last sequence came from a TX_COMMIT in a later file than its ADDs: "
+        "the sequence pin was on the commit's file, which does not name the destination, so "
+        "once the messages were acknowledged collection deleted the ADDs' files and a rebuild "
+        "lost the destination and its last_seq; the pin is now on the ADD's file "
+        "(JournalState._put_message), and the commit's file depends on it",
+    ),
+    (
+        2692307166,
+        [
+            "send#2 d=1 n=1 size=2776 pick=0.969 opt=6",
+            "disk-full#4 n=4",
+            "tx-send#7 n=11 size=6246 slot=1",
+            "mark#8 pick=0.19",
+            "restart#9",
+            "send#10 d=3 n=4 size=550 pick=0.254",
+            "stream#11 d=3 n=2 size=5491",
+            "gc#12",
+            "ack#13 d=1 n=3 pick=0.055",
+            "send#15 d=3 n=1 size=511 pick=0.976",
+            "send#18 d=2 n=3 size=1032 pick=0.12",
+            "tx-ack#20 d=3 pick=0.329 slot=1",
+            "crash#21 opt=1 after=8",
+            "delete-dest#24 pick=0.922",
+            "send#25 d=2 n=2 size=109 pick=0.812 opt=4",
+            "send#27 n=4 size=96 pick=0.404 opt=4",
+            "send-ack#28 d=2 n=1 size=3246 pick=0.13",
+            "sub-cursor#30 d=1 n=4 slot=1",
+            "send#31 d=3 n=1 size=28 pick=0.382 opt=1",
+            "rebuild#32",
+        ],
+        "last-seq",
+        "a cancelled sequence that no DEST_SEQ could record for lack of room is held in the "
+        "index alone (JournalState.hold_seqs); rebuild-index threw that index away, so "
+        "last_seq went back below a sequence already handed out; the rebuild now takes the "
+        "held sequences over from the old index (Index.peek_held_seqs)",
+    ),
+    (
+        2072828600,
+        [
+            "disk-full#18 n=5",
+            "send#24 d=1 n=4 size=235 pick=0.711",
+            "send#36 n=2 size=4283 pick=0.576",
+            "send#37 d=1 n=2 size=3231 pick=0.166 opt=4",
+            "send#53 d=2 n=1 size=17452 pick=0.912",
+            "send-ack#55 d=1 n=2 size=11 pick=0.446",
+            "rebuild#59",
+        ],
+        "last-seq",
+        "a cancelled sequence that no DEST_SEQ could record for lack of room is held in the "
+        "index alone (JournalState.hold_seqs); rebuild-index threw that index away, so "
+        "last_seq went back below a sequence already handed out; the rebuild now takes the "
+        "held sequences over from the old index (Index.peek_held_seqs)",
+    ),
 ]
 
 

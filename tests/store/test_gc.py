@@ -13,8 +13,9 @@ import pytest
 from sluice.store.api import RecoveredSubscription
 from sluice.store.journal.files import list_files
 from sluice.store.journal.store import JournalStore
+from sluice.store.journal.tools import rebuild_index
 
-from .helpers import Harness, copy_running, fields, msg
+from .helpers import Harness, copy_running, fields, journal_config, msg
 
 Q = "/queue/g"
 T = "/topic/t"
@@ -428,3 +429,37 @@ def test_compaction_leaves_a_message_with_a_transacted_ack_pending(
     shutil.rmtree(s.config.data_dir / "index")
     h.open()
     assert snapshot(h) == full
+
+
+def test_a_transaction_committed_in_a_later_file_keeps_its_last_sequence_after_collection(
+    tmp_path: Path, make_journal: Callable[..., Harness]
+) -> None:
+    """Found by the store simulation (seed 3718535680): the last sequence of a destination set
+    by a commit needs both records, the ADD (it names the destination) and the TX_COMMIT (it
+    holds the sequence). Its pin was on the commit's file alone, so once the messages were
+    acknowledged, collection deleted the ADDs' files and a rebuild lost the destination."""
+    data = tmp_path / "data"
+    config = {**QUIET, "journal_file_bytes": 32 * 1024, "compaction_live_ratio": 0.0}
+    h = make_journal(data, **config)
+    h.open()
+    s = h.s
+    assert isinstance(s, JournalStore)
+    s.begin("tx")
+    h.track(s.add(msg(T, 1, os.urandom(24 * 1024)), None, "tx"))
+    h.track(s.add(msg(T, 2, os.urandom(24 * 1024)), None, "tx"))
+    h.settle()
+    last_add_file = s.head_position[0]
+    h.track(s.add(msg(F, 1, os.urandom(24 * 1024)), None))
+    h.track(s.commit("tx", [1, 2], None))
+    h.settle()
+    assert s.head_position[0] > last_add_file  # the commit lies in a later file than the adds
+    h.track(s.remove(T, 1))
+    h.track(s.remove(T, 2))
+    h.track(s.remove(F, 1))
+    h.settle()
+    s.gc()
+    h.s.close()
+    h.store = None
+    rebuild_index(data, journal_config(data, **config))
+    recovery = h.open()
+    assert (T, 2) in [(d.name, d.last_seq) for d in recovery.destinations]

@@ -417,3 +417,53 @@ def test_reader_bounds_a_location_before_reading(
     assert asked == []  # nothing was read, nothing allocated
     assert len(reader.read(1, 0, header)) == header
     reader.close()
+
+
+def test_an_older_remove_committed_keeps_a_newer_remove_of_the_same_key_hidden(
+    tmp_path: Path,
+) -> None:
+    """Found by the store simulation (seed 2226366891): a remove's overlay entry stays until an
+    index commit holds the remove. A destination deleted and filled again reuses sequences, so
+    an old remove of a sequence and a new remove of the same sequence can both wait in the
+    overlay; the commit that holds only the old one must not drop the new one's entry, or the
+    acknowledged message shows again until the next commit."""
+    reached = threading.Event()
+    go = threading.Event()
+    removed = threading.Event()
+    gate: list[object] = []
+    watched: list[object] = []
+
+    def sink(handles: Sequence[object]) -> None:
+        if any(h is g for h in handles for g in gate):
+            reached.set()
+            assert go.wait(20.0)
+        if any(h is w for h in handles for w in watched):
+            removed.set()
+
+    config = journal_config(
+        tmp_path, checkpoint_interval_s=3600, gc_interval_s=3600, index_write_batch=3
+    )
+    store = JournalStore(config)
+    store.open(sink)
+    try:
+        store.add(msg(Q, 1, b"old"), None)
+        store.checkpoint()
+        store.remove(Q, 1)
+        store.delete_destination(Q)
+        add = store.add(msg(Q, 1, b"new", headers={"x-dedup-id": "d1"}), None)
+        gate.append(add)
+        # The writer has written the new add (the third update, so the index commits next):
+        # the new remove is queued before that commit.
+        assert reached.wait(20.0)
+        remove = store.remove(Q, 1)
+        watched.append(remove)
+        go.set()
+        # Written, and the index committed the old remove but not this one yet.
+        assert removed.wait(20.0)
+        assert remove.state is WriteState.WRITTEN
+        assert seqs(store) == []
+        store.checkpoint()
+        assert seqs(store) == []
+    finally:
+        go.set()
+        store.close()

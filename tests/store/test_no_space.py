@@ -23,6 +23,7 @@ from sluice.errors import DiskFullError, StoreError
 from sluice.store.api import WriteState
 from sluice.store.journal import files
 from sluice.store.journal.files import Preallocator
+from sluice.store.journal.tools import rebuild_index
 
 from .helpers import Harness, msg
 from .test_journal import journal, seqs
@@ -335,3 +336,30 @@ def test_a_held_sequence_survives_an_index_commit_that_found_no_room(
     s.checkpoint()  # the index has room now; the journal still has none
     recovery = h.reopen()
     assert [(d.name, d.last_seq) for d in recovery.destinations] == [(Q, 2)]
+
+
+def test_a_rebuild_keeps_a_sequence_the_index_held_alone(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the store simulation (seed 2072828600): a cancelled sequence that no DEST_SEQ
+    could record for lack of room lives in the index alone. `rebuild-index` threw that index
+    away, so the sequence was handed out again after it; the rebuild now takes it over from
+    the old index when that one can be read."""
+    h = make_journal(checkpoint_interval_s=3600, gc_interval_s=3600)
+    _refuse_new_files(monkeypatch)
+    h.open()
+    s = journal(h)
+    h.track(s.add(msg(Q, 1, b"x" * (s.config.journal_file_bytes + 1024)), None))
+    h.settle()
+    with s.writes_paused():
+        add = h.track(s.add(msg(Q, 2), None))
+        h.track(s.remove(Q, 2))
+    h.settle()
+    assert add.state is WriteState.CANCELLED
+    h.s.close()
+    h.store = None
+    config = s.config
+    rebuild_index(config.data_dir, config)
+    recovery = h.open()
+    assert [(d.name, d.last_seq) for d in recovery.destinations] == [(Q, 2)]
+    assert seqs(journal(h), Q) == [1]

@@ -55,6 +55,7 @@ from sluice.store.journal.indexcodec import (
     MsgLoc,
     SubInfo,
     decode_dedup,
+    decode_held_seqs,
     decode_tx_add,
     decode_tx_remove,
     dkey,
@@ -330,20 +331,22 @@ class Index:
     @staticmethod
     def peek_store_id(index_dir: Path) -> bytes | None:
         """The store id an existing index records, if it can be read (for repair)."""
-        if not _data_file(index_dir).is_file():
-            return None
+        value = _peek_meta(index_dir, b"store_id")
+        return value if value is not None and len(value) == 16 else None
+
+    @staticmethod
+    def peek_held_seqs(index_dir: Path, store_id: bytes) -> dict[str, int]:
+        """The last sequences an existing index of this store holds alone (`Tables.hold_seq`),
+        if it can be read: a rebuild from the journal alone would not see them."""
+        if Index.peek_store_id(index_dir) != store_id:
+            return {}
+        value = _peek_meta(index_dir, b"held_seqs")
+        if value is None:
+            return {}
         try:
-            check_structure(index_dir)
-            env = lmdb.open(str(index_dir), max_dbs=len(_DBS), readonly=True, lock=False)
-            try:
-                meta = env.open_db(b"meta", create=False)
-                with env.begin() as txn:
-                    value = txn.get(b"store_id", db=meta)
-            finally:
-                env.close()
-        except (lmdb.Error, IndexCorrupt):
-            return None
-        return bytes(value) if value is not None and len(value) == 16 else None
+            return decode_held_seqs(value)
+        except IndexCorrupt:
+            return {}
 
     def begin_write(self) -> None:
         """Start the write transaction on the calling thread."""
@@ -466,3 +469,21 @@ class Index:
         self.txn.put(b"checkpoint", _CP.pack(*checkpoint), db=meta)
         self.txn.put(b"next_txno", _U64.pack(next_txno), db=meta)
         self.txn.put(b"state", b"ok" if ok else b"building", db=meta)
+
+
+def _peek_meta(index_dir: Path, key: bytes) -> bytes | None:
+    """A meta value of an existing index, read-only, or None if it cannot be read."""
+    if not _data_file(index_dir).is_file():
+        return None
+    try:
+        check_structure(index_dir)
+        env = lmdb.open(str(index_dir), max_dbs=len(_DBS), readonly=True, lock=False)
+        try:
+            meta = env.open_db(b"meta", create=False)
+            with env.begin() as txn:
+                value = txn.get(key, db=meta)
+                return bytes(value) if value is not None else None
+        finally:
+            env.close()
+    except (lmdb.Error, IndexCorrupt):
+        return None

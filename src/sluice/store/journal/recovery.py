@@ -239,8 +239,10 @@ class _Opening:
         return recovered, ""
 
     def rebuild(self, store_id: bytes, files: list[int]) -> Recovered:
-        """A new index from every data file (a temporary one when dry)."""
-        args = (self.config, store_id, files, self.dedup_window, self.report, self.dry_run)
+        """A new index from every data file (a temporary one when dry), keeping the last
+        sequences the old index held alone."""
+        held = Index.peek_held_seqs(self.index_dir, store_id)
+        args = (self.config, store_id, files, self.dedup_window, self.report, self.dry_run, held)
         if self.dry_run:
             with _scratch_index(self.config, store_id) as index:
                 return _replay_all(index, *args)
@@ -353,12 +355,16 @@ def _replay_all(
     dedup_window: int,
     report: list[str],
     dry_run: bool,
+    held: dict[str, int],
 ) -> Recovered:
     index.begin_write()
     state = JournalState(index, dedup_window)
     recovered = Recovered(state, store_id, report, rebuilt=True, dry_run=dry_run)
     _Replay(config, recovered, (files[0], 0), {}).run(files, 0)
     _check_gaps(config, recovered, files)
+    # Sequences cancelled adds used while the disk was full: handed out, never written. Only
+    # for destinations the journal still has (a delete the old index missed forgets them).
+    state.hold_seqs(fmt.DestSeq(name, seq) for name, seq in held.items() if name in state.dests)
     _finish(config, recovered)
     return recovered
 

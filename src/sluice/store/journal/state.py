@@ -221,7 +221,8 @@ class JournalState:
         """The journal had no room for these DEST_SEQ records: the index holds the sequences
         (in the destinations' last sequence, and in meta until a later checkpoint writes the
         records), so that a clean close never lets them be handed out again. A rebuild of the
-        index from the journal alone before then does not see them."""
+        index takes them over from the old index when it can read it (`Index.peek_held_seqs`);
+        from the journal alone it does not see them."""
         for record in records:
             info = self.tables.dest(record.destination)
             if record.seq > info.last_seq:
@@ -254,7 +255,9 @@ class JournalState:
         info.message_bytes += loc.size
         if seq >= info.last_seq:
             info.last_seq = seq
-            info.seq_pin = tables.move_pin(info.seq_pin, files[-1])
+            # The ADD names the destination (a TX_COMMIT holds only sequences), and the commit's
+            # file depends on the ADD's (`_close_tx`), so it stays as long as this pin does.
+            info.seq_pin = tables.move_pin(info.seq_pin, loc.file_no)
         if dedup_id and self.dedup_window > 0:
             tables.dedup_push(info, dedup_id, files)
 

@@ -49,7 +49,7 @@ from sluice.store.journal.gc import GcResult
 from sluice.store.journal.index import Index
 from sluice.store.journal.indexcodec import MsgLoc, dkey, msg_key
 from sluice.store.journal.ops import Op
-from sluice.store.journal.overlay import MAX_SEQ, Overlay
+from sluice.store.journal.overlay import MAX_SEQ, Overlay, Removed
 from sluice.store.journal.recovery import recover
 from sluice.store.journal.scan import parse_add
 from sluice.store.journal.writer import RequestKind, Writer
@@ -244,7 +244,8 @@ class JournalStore:
             tx.removes.append((destination, seq))
             return handle
         op = Op.of(fmt.Remove(0, destination, seq), handle)
-        op.cleanup = [(destination, seq, None)]
+        removed = Removed()
+        op.cleanup = [(destination, seq, removed)]
         with self._lock:
             entries = self._overlay.entries.get(destination)
             entry = entries.get(seq) if entries is not None else None
@@ -258,7 +259,7 @@ class JournalStore:
                 return handle
             if isinstance(entry, Op):
                 op.replaced = entry
-            self._overlay.put(destination, seq, None)
+            self._overlay.put(destination, seq, removed)
             writer.submit(op)
         return handle
 
@@ -385,7 +386,7 @@ class JournalStore:
                         positioned = cur.next()
                     next_ov = next(ov, None)
                     entry = entries[seq]
-                    if entry is None:
+                    if isinstance(entry, Removed):
                         continue
                     assert isinstance(entry, Op)
                     assert isinstance(entry.record, fmt.AddMeta)
@@ -446,8 +447,9 @@ class JournalStore:
                 self._overlay.put(destination, seq, add_op)
                 cleanup.append((destination, seq, add_op))
             for destination, seq in tx.removes:
-                self._overlay.put(destination, seq, None)
-                cleanup.append((destination, seq, None))
+                removed = Removed()
+                self._overlay.put(destination, seq, removed)
+                cleanup.append((destination, seq, removed))
             op.cleanup = cleanup
             writer.submit(op)
         return handle
