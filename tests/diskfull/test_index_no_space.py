@@ -14,7 +14,6 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import lmdb
 import pytest
@@ -23,7 +22,7 @@ from sluice.errors import DiskFullError, StoreIOError
 from sluice.store.api import WriteState
 from sluice.store.journal.store import JournalStore
 from sluice.store.journal.tools import verify
-from store.helpers import Harness, journal_config, msg
+from store.helpers import FailingCommit, Harness, journal_config, msg
 
 Q = "/queue/index-room"
 MESSAGES = 3000  # their index entries need fresh LMDB pages at the next commit
@@ -114,20 +113,6 @@ def test_an_index_checkpoint_on_a_full_disk_is_put_off_and_the_store_goes_on(
     assert report.ok, report
 
 
-class _FailingCommit:
-    """An LMDB write transaction whose commit fails with EIO, as LMDB does: aborted."""
-
-    def __init__(self, txn: Any) -> None:
-        self._txn = txn
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._txn, name)
-
-    def commit(self) -> None:
-        self._txn.abort()
-        raise lmdb.Error("mdb_txn_commit: Input/output error")
-
-
 def test_an_index_commit_that_meets_an_io_error_fails_the_store(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -138,7 +123,7 @@ def test_an_index_commit_that_meets_an_io_error_fails_the_store(
     index = s._index  # the error is injected into the index's write transaction
     assert index is not None
     with s.writes_paused():
-        index.txn = _FailingCommit(index.txn)
+        index.txn = FailingCommit(index.txn, lmdb.Error("mdb_txn_commit: Input/output error"))
     with pytest.raises(StoreIOError, match="committing the index"):
         s.checkpoint()
     stats = s.stats()
@@ -167,7 +152,7 @@ def test_an_index_commit_cut_short_on_a_full_disk_is_a_full_disk(
     index = s._index  # the error is injected into the index's write transaction
     assert index is not None
     with s.writes_paused():
-        index.txn = _FailingCommit(index.txn)
+        index.txn = FailingCommit(index.txn, lmdb.Error("mdb_txn_commit: Input/output error"))
     with pytest.raises(DiskFullError, match="committing the index"):
         s.checkpoint()
     stats = s.stats()

@@ -155,3 +155,19 @@ def copy_running(store: JournalStore, target: Path) -> None:
     """Copy the data directory of a running store as a crash would leave it (no close)."""
     with store.writes_paused():
         shutil.copytree(store.config.data_dir, target)
+
+
+class FailingCommit:
+    """An LMDB write transaction whose commit fails with `error`, as LMDB fails one: the
+    transaction is aborted first (the index stays as the last commit left it)."""
+
+    def __init__(self, txn: object, error: Exception) -> None:
+        self._txn = txn
+        self._error = error
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._txn, name)
+
+    def commit(self) -> None:
+        self._txn.abort()  # type: ignore[attr-defined]
+        raise self._error

@@ -23,9 +23,10 @@ from sluice.errors import DiskFullError, StoreError
 from sluice.store.api import WriteState
 from sluice.store.journal import files
 from sluice.store.journal.files import Preallocator
+from sluice.store.journal.store import JournalStore
 from sluice.store.journal.tools import rebuild_index
 
-from .helpers import Harness, msg
+from .helpers import FailingCommit, Harness, msg
 from .test_journal import journal, seqs
 
 Q = "/queue/room"
@@ -296,18 +297,24 @@ def test_a_cancelled_sequence_survives_a_close_on_a_full_disk(
     assert [(d.name, d.last_seq) for d in recovery.destinations] == [(Q, 2)]
 
 
-class _CommitOnFullDisk:
-    """An LMDB write transaction whose commit meets a full disk: aborted, as LMDB does."""
-
-    def __init__(self, txn: object) -> None:
-        self._txn = txn
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._txn, name)
-
-    def commit(self) -> None:
-        self._txn.abort()  # type: ignore[attr-defined]
-        raise lmdb.DiskError("mdb_txn_commit: No space left on device")
+def _cancelled_on_a_full_disk(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> tuple[Harness, JournalStore]:
+    """A journal whose head file is full and that may make no next file, with the add of
+    sequence 2 of `Q` cancelled before it was written (its sequence used all the same)."""
+    h = make_journal(checkpoint_interval_s=3600, gc_interval_s=3600)
+    _refuse_new_files(monkeypatch)
+    h.open()
+    s = journal(h)
+    # A record bigger than a data file fills the head file by itself.
+    h.track(s.add(msg(Q, 1, b"x" * (s.config.journal_file_bytes + 1024)), None))
+    h.settle()
+    with s.writes_paused():
+        add = h.track(s.add(msg(Q, 2), None))
+        h.track(s.remove(Q, 2))
+    h.settle()
+    assert add.state is WriteState.CANCELLED
+    return h, s
 
 
 def test_a_held_sequence_survives_an_index_commit_that_found_no_room(
@@ -316,21 +323,13 @@ def test_a_held_sequence_survives_an_index_commit_that_found_no_room(
     """The checkpoint that holds a cancelled sequence in the index (no room for its DEST_SEQ)
     meets a full disk in the index commit too: the state comes back from the last commit and
     the journal, and the sequence is held again by the next checkpoint, not lost."""
-    h = make_journal(checkpoint_interval_s=3600, gc_interval_s=3600)
-    _refuse_new_files(monkeypatch)
-    h.open()
-    s = journal(h)
-    h.track(s.add(msg(Q, 1, b"x" * (s.config.journal_file_bytes + 1024)), None))
-    h.settle()
-    with s.writes_paused():
-        add = h.track(s.add(msg(Q, 2), None))
-        h.track(s.remove(Q, 2))
-    h.settle()
-    assert add.state is WriteState.CANCELLED
+    h, s = _cancelled_on_a_full_disk(make_journal, monkeypatch)
     index = s._index
     assert index is not None
     with s.writes_paused():
-        index.txn = _CommitOnFullDisk(index.txn)
+        index.txn = FailingCommit(
+            index.txn, lmdb.DiskError("mdb_txn_commit: No space left on device")
+        )
     with pytest.raises(DiskFullError, match="committing the index"):
         s.checkpoint()
     s.checkpoint()  # the index has room now; the journal still has none
@@ -345,17 +344,7 @@ def test_a_rebuild_keeps_a_sequence_the_index_held_alone(
     could record for lack of room lives in the index alone. `rebuild-index` threw that index
     away, so the sequence was handed out again after it; the rebuild now takes it over from
     the old index when that one can be read."""
-    h = make_journal(checkpoint_interval_s=3600, gc_interval_s=3600)
-    _refuse_new_files(monkeypatch)
-    h.open()
-    s = journal(h)
-    h.track(s.add(msg(Q, 1, b"x" * (s.config.journal_file_bytes + 1024)), None))
-    h.settle()
-    with s.writes_paused():
-        add = h.track(s.add(msg(Q, 2), None))
-        h.track(s.remove(Q, 2))
-    h.settle()
-    assert add.state is WriteState.CANCELLED
+    h, s = _cancelled_on_a_full_disk(make_journal, monkeypatch)
     h.s.close()
     h.store = None
     config = s.config
