@@ -331,6 +331,13 @@ _TX_ACK_CYCLE = (
     "leaves files holding such messages alone: gc.compaction_targets)"
 )
 
+_ABORT_SYNC = (
+    "a start whose abort records for open transactions failed to sync (EIO) took the failure "
+    "for an unusable index and rebuilt it: the rebuild read the unsynced abort records back from "
+    "the page cache and committed an index claiming them; after a power loss the start stopped "
+    "on data the index held and the file did not (a journal failure now fails the start)"
+)
+
 FIXED_FAILING_CASES = [
     (
         430,
@@ -913,6 +920,40 @@ FIXED_FAILING_CASES = [
         "index alone (JournalState.hold_seqs); rebuild-index threw that index away, so "
         "last_seq went back below a sequence already handed out; the rebuild now takes the "
         "held sequences over from the old index (Index.peek_held_seqs)",
+    ),
+    (
+        1722432961,
+        [
+            "tx-send#12 d=1 n=1 size=29 slot=1 opt=2",
+            "fault#26 pick=0.54 opt=4 after=1",
+            "restart#27",
+            "crash#38 opt=3 after=8",
+        ],
+        "open",
+        _ABORT_SYNC,
+    ),
+    (
+        1334976997,
+        [
+            "send#25 d=1 n=3 size=479 pick=0.061 opt=4",
+            "tx-ack#44 d=1 pick=0.264 slot=1",
+            "fault#46 pick=0.028 opt=4 after=1",
+            "repair#47",
+            "crash#57 opt=3 after=13",
+        ],
+        "open",
+        _ABORT_SYNC,
+    ),
+    (
+        973649212,
+        [
+            "tx-send#3 d=2 n=2 size=3610 slot=1 opt=3",
+            "fault#4 pick=0.352 opt=4 after=1",
+            "verify#5",
+            "crash#16 opt=2 after=5",
+        ],
+        "open",
+        _ABORT_SYNC,
     ),
 ]
 

@@ -4,6 +4,7 @@ lost, and leaves a journal that starts without repair."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.errors import CorruptionError
+from sluice.errors import CorruptionError, StoreIOError
 from sluice.store.api import StoredMessage
 from sluice.store.journal.files import file_path, list_files
 from sluice.store.journal.scan import FileScan, ScannedRecord
@@ -343,3 +344,35 @@ def test_missing_newest_file_stops_the_start(make_journal: Callable[..., Harness
     with pytest.raises(CorruptionError) as info:
         h.open()
     assert info.value.path == str(newest)
+
+
+def test_a_failed_sync_of_the_abort_records_stops_the_start(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The abort records of transactions left open are synced before the index is committed.
+    When that sync fails, the start fails: a rebuild would read the unsynced records back from
+    the page cache and commit an index claiming bytes the disk may never hold."""
+    h = make_journal(**QUIET)
+    h.open()
+    h.s.begin("open-tx")
+    h.track(h.s.add(msg(Q, 0), None, "open-tx"))
+    h.settle()
+    assert isinstance(h.store, JournalStore)
+    head_before = h.store.head_position
+    h.s.close()
+
+    def failing_fdatasync(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
+    with pytest.raises(StoreIOError) as info:
+        h.open()
+    assert info.value.operation == "journal sync"
+    monkeypatch.undo()
+    h.store = None  # the failed open released what it held
+
+    recovery = h.open()
+    assert not any("index rebuilt" in line for line in recovery.report), recovery.report
+    assert isinstance(h.store, JournalStore)
+    assert h.store.head_position > head_before  # the abort record
+    assert list(h.s.load(Q, 0, 10**6, 1 << 62)) == []

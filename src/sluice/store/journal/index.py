@@ -74,6 +74,9 @@ _DIGEST = struct.Struct("<" + "QQ" * len(DIGESTED))
 _MASK64 = (1 << 64) - 1
 # A commit that fails with less than this free on the index's filesystem met a full disk.
 FULL_DISK_SLACK_BYTES = 1 << 20
+# The `operation` of the `StoreIOError` a failed commit raises, which callers tell apart from a
+# failure of the journal.
+COMMIT_OPERATION = "committing the index"
 
 _MSG_KEY_BYTES = 24
 _REV_KEY_BYTES = 28
@@ -370,10 +373,8 @@ class Index:
             self.counts, self.sums = (dict(d) for d in self._committed)
             path = str(_data_file(self.dir))
             if isinstance(exc, lmdb.DiskError) or self._short_of_space():
-                raise DiskFullError(
-                    "committing the index", os.strerror(errno.ENOSPC), path
-                ) from exc
-            raise StoreIOError("committing the index", str(exc), path) from exc
+                raise DiskFullError(COMMIT_OPERATION, os.strerror(errno.ENOSPC), path) from exc
+            raise StoreIOError(COMMIT_OPERATION, str(exc), path) from exc
         self._committed = (dict(self.counts), dict(self.sums))
         self.txn = self.env.begin(write=True) if reopen else None
 

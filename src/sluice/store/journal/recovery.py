@@ -55,7 +55,7 @@ from sluice.store.journal.files import (
     list_files,
     remove_spares,
 )
-from sluice.store.journal.index import Index
+from sluice.store.journal.index import COMMIT_OPERATION, Index
 from sluice.store.journal.indexcodec import IndexCorrupt
 from sluice.store.journal.repair import forget_lost, note, note_lost, repair_stretch, short_file
 from sluice.store.journal.scan import Damage, FileScan, ScannedRecord, resync
@@ -225,9 +225,14 @@ class _Opening:
                 self.config, index, store_id, files, self.dedup_window, self.report, self.dry_run
             )
         except (IndexCorrupt, lmdb.Error, StoreIOError, _IndexAhead) as exc:
-            # StoreIOError: its commit failed (Index.commit), the disk full or failing.
             index.abort()
             index.env.close()
+            if isinstance(exc, StoreIOError) and exc.operation != COMMIT_OPERATION:
+                # The journal failed (writing or syncing the abort records): the bytes it
+                # wrote may never reach the disk, and a rebuild would read them back from the
+                # page cache and commit an index that claims them. The start fails instead.
+                raise
+            # A StoreIOError here is the index commit (Index.commit), the disk full or failing.
             return None, f"index unusable: {exc}"
         except BaseException:
             index.abort()
