@@ -369,7 +369,6 @@ def test_a_failed_sync_of_the_abort_records_stops_the_start(
         h.open()
     assert info.value.operation == "journal sync"
     monkeypatch.undo()
-    h.store = None  # the failed open released what it held
 
     recovery = h.open()
     assert not any("index rebuilt" in line for line in recovery.report), recovery.report
