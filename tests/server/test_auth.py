@@ -474,3 +474,40 @@ def test_a_user_past_max_connections_per_user_is_refused(users_file: Path) -> No
         second.close()
     finally:
         broker.stop()
+
+
+def test_subscriptions_whose_read_is_revoked_are_ended_on_reload(
+    secured: RunningBroker, users_file: Path
+) -> None:
+    """A reload that takes `read` away ends the subscriptions relying on it (plain and wildcard;
+    stomp.py and a raw connection): an ERROR naming the destination, the connection closed,
+    counted; a subscription still allowed goes on."""
+    plain, plain_col = _stomppy(secured, "carol")
+    plain.subscribe("/queue/open.revoked", id="1", ack="auto")
+    wildcard_raw = _connected(secured, "alice")
+    wildcard_raw.send(b"SUBSCRIBE\nid:w\ndestination:/topic/prices.>\nreceipt:s\n\n\0")
+    assert wildcard_raw.frame().command == "RECEIPT"
+    kept = _connected(secured, "carol")
+    kept.send(b"SUBSCRIBE\nid:k\ndestination:/queue/open.kept\nreceipt:s\n\n\0")
+    assert kept.frame().command == "RECEIPT"
+    denied_before = secured.stats().get("access_denied_read", 0)
+
+    narrower = [
+        {"destination": "/queue/open.kept", "read": ["*"], "write": ["*"]},
+        {"destination": "/queue/open.>", "write": ["*"]},
+        {"destination": "/topic/prices.>", "write": ["ops"]},
+    ]
+    _reload(secured, users_file, narrower)
+
+    kind, frame = plain_col.next()
+    assert kind == "ERROR"
+    assert frame.headers["message"] == (
+        "access denied: read permission on /queue/open.revoked is not granted"
+    )
+    wait_until(lambda: plain_col.disconnected, what="the revoked stomp.py subscriber closed")
+    _denied(wildcard_raw, "read", "/topic/prices.>")
+    assert secured.stats()["access_denied_read"] == denied_before + 2
+    # The subscription still allowed keeps receiving.
+    kept.send(b"SEND\ndestination:/queue/open.kept\n\nstill\0")
+    message = kept.frame()
+    assert (message.command, message.body) == ("MESSAGE", b"still")

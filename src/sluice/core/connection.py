@@ -439,6 +439,13 @@ class BrokerConnection:
             self._drop_subscription(child)
         wildcard.children.clear()
 
+    def subscribed_names(self) -> list[str]:
+        """The destinations this connection reads: one name per subscription, a wildcard one as
+        its pattern (`/topic/orders.>`), which is how SUBSCRIBE named them when it was checked."""
+        names = [sub.destination.name for sub in self.subs.values()]
+        names.extend(TOPIC_PREFIX + wild.pattern.text for wild in self.wildcard_subs.values())
+        return names
+
     def find_subscription_by_destination(self, destination: str) -> str | None:
         """The id of this connection's subscription to a destination (STOMP 1.0 UNSUBSCRIBE)."""
         for sub_id, sub in self.subs.items():

@@ -30,9 +30,13 @@ class SessionAccess:
         self._broker = broker
         self.identity: Identity = ANONYMOUS
 
+    def allows(self, destination: str, permission: Permission) -> bool:
+        """Whether the identity has `permission` on `destination` under the rules in force."""
+        return self._guard.access.allows(self.identity, destination, permission)
+
     def check(self, destination: str, permission: Permission) -> None:
         """Raise `AccessDeniedError` unless the identity has `permission` on `destination`."""
-        if not self._guard.access.allows(self.identity, destination, permission):
+        if not self.allows(destination, permission):
             raise AccessDeniedError(destination, permission.value, self.identity.user)
 
     def _creates(self, destination: str) -> bool:

@@ -48,6 +48,11 @@ class LiveSession(Protocol):
         """The user is still there with other groups (a reload)."""
         ...
 
+    def recheck_subscriptions(self) -> bool:
+        """Close the connection if new rules took `read` away from one of its subscriptions (a
+        reload); returns whether it was closed."""
+        ...
+
     def check_deadlines(self, now: float) -> None:
         """Close the connection if a frame or the connection itself is past its deadline."""
         ...

@@ -140,8 +140,9 @@ class BrokerServer:
     def reload_auth(self, config: Config) -> None:
         """Read the users file and take the `[[acl]]` rules of `config` (SIGHUP). Connections
         stay up, except those of users no longer in the file (and anonymous ones, if anonymous
-        access is no longer allowed), which are closed; the others keep their user with its
-        new groups. Raises `ConfigError` (and changes nothing) if the users file is unusable."""
+        access is no longer allowed) and those subscribed to a destination their user may no
+        longer read, which are closed; the others keep their user with its new groups. Raises
+        `ConfigError` (and changes nothing) if the users file is unusable."""
         users = _users(config)
         allow_anonymous = config.auth.allow_anonymous
         guard = self.guard
@@ -170,6 +171,10 @@ class BrokerServer:
                 closed += 1
             elif user.identity != identity:
                 session.update_identity(user.identity)
+        # Rules may have taken `read` away from subscriptions that are still delivering.
+        for session in list(self.sessions):
+            if session.identity is not None and session.recheck_subscriptions():
+                closed += 1
         log.info(
             "reloaded the users file (%s users) and %d access rules; closed %d connections",
             len(users) if users is not None else "no",

@@ -21,7 +21,7 @@ import secrets
 import socket
 from typing import Any, cast
 
-from sluice.auth.identity import Identity, Refusal
+from sluice.auth.identity import Identity, Permission, Refusal
 from sluice.auth.tls import certificate_name
 from sluice.core.connection import BrokerConnection
 from sluice.core.message import Message
@@ -443,6 +443,20 @@ class StompSession(asyncio.Protocol):
     def update_identity(self, identity: Identity) -> None:
         """The user's groups changed (a reload): later frames are judged with the new ones."""
         self.identity = self.access.identity = identity
+
+    def recheck_subscriptions(self) -> bool:
+        """After a reload: a connection that lost `read` on a destination it subscribed to is
+        refused as a frame would be (counted, logged, an ERROR naming the destination and the
+        permission, then closed), so no more of its messages reach the client. Returns whether
+        it was refused."""
+        if self._closing or self.core is None:
+            return False
+        for name in self.core.subscribed_names():
+            if not self.access.allows(name, Permission.READ):
+                user = self.access.identity.user
+                self._denied(AccessDeniedError(name, Permission.READ.value, user), None)
+                return True
+        return False
 
     # -- requests (the frames after CONNECT) ----------------------------------------------------
 
