@@ -2,10 +2,12 @@
 
 One base, `SluiceError`. Protocol errors split into the peer's fault (`RemoteProtocolError`) and our
 own caller's (`LocalProtocolError`); store errors name the file and offset; a limit error names the
-limit it hit.
+limit it hit. `reason_of` gives the short reason of an OS or TLS error, for messages and logs.
 """
 
 from __future__ import annotations
+
+import ssl
 
 
 class SluiceError(Exception):
@@ -139,3 +141,17 @@ class AccessDeniedError(RequestError):
 class StoreUnavailableError(RequestError):
     """A persistent message cannot be taken: the message store failed and takes no more writes
     until the broker restarts. Its message is safe to send to the client."""
+
+
+def reason_of(exc: BaseException) -> str:
+    """One line on what went wrong, in the words of OpenSSL or the system (no path, no
+    traceback): the verification failure of a certificate, OpenSSL's reason, `strerror`; else
+    the exception's text, at most 200 characters."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"{exc.reason or 'certificate verify failed'}: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:200]

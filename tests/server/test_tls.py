@@ -22,6 +22,7 @@ from conftest import RunningBroker, start_broker
 from sluice.auth.users import ScryptParams, User, UsersFile, hash_password, save_users
 from sluice.client import BlockingClient, BrokerErrorFrame, Client
 from sluice.errors import ClientError
+from sluice.server.handshake import LOG_BURST, FailureLog
 from tlscerts import Authority, Issued
 from waiting import wait_until
 
@@ -232,6 +233,38 @@ def test_a_plain_client_on_the_tls_port_fails_cleanly(
         assert sock.recv(100) == b""  # closed, no STOMP answer
     # OpenSSL reads "CONNECT " as a proxy request: not TLS at all.
     assert "HTTPS_PROXY_REQUEST" in _handshake_failures(broker, 1, caplog)
+
+
+def test_a_flood_of_failed_handshakes_is_counted_but_not_all_logged(
+    broker: RunningBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """40 peers that do not speak TLS: each is counted, the log gets `LOG_BURST` lines."""
+    for _ in range(40):
+        with socket.create_connection(("127.0.0.1", _tls(broker)), 5) as sock:
+            sock.sendall(b"not TLS\n")
+            sock.settimeout(10)
+            assert sock.recv(100) == b""
+    wait_until(lambda: broker.stats().get("tls_handshake_failures", 0) >= 40, what="40 failures")
+    lines = [r.getMessage() for r in caplog.records if "TLS handshake with" in r.getMessage()]
+    assert len(lines) == LOG_BURST
+
+
+def test_failure_log_sums_up_what_it_held_back(caplog: pytest.LogCaptureFixture) -> None:
+    now = [100.0]
+    failures = FailureLog(window_s=10.0, burst=2, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="sluice.server.handshake"):
+        for i in range(5):
+            failures.warn(f"127.0.0.1:{i}", "WRONG_VERSION_NUMBER")
+        assert failures.held_back == 3
+        now[0] += 10.0
+        failures.warn("127.0.0.1:9", "WRONG_VERSION_NUMBER")
+    assert [r.getMessage() for r in caplog.records] == [
+        "TLS handshake with 127.0.0.1:0 failed: WRONG_VERSION_NUMBER",
+        "TLS handshake with 127.0.0.1:1 failed: WRONG_VERSION_NUMBER",
+        "3 more TLS handshake failures not logged in the last 10 s "
+        "(counted in tls_handshake_failures)",
+        "TLS handshake with 127.0.0.1:9 failed: WRONG_VERSION_NUMBER",
+    ]
 
 
 def test_a_tls_client_on_the_plain_port_fails(broker: RunningBroker, pki: Pki) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sluice.config import ClientCertPolicy, TlsSettings
-from sluice.errors import ConfigError
+from sluice.errors import ConfigError, reason_of
 
 __all__ = ["MINIMUM_TLS_VERSION", "certificate_name", "server_context"]
 
@@ -43,25 +43,17 @@ def server_context(tls: TlsSettings, where: str = "tls") -> ssl.SSLContext:
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(
             f"{where}: cannot use the certificate {tls.cert} with the key {tls.key} (not PEM, "
-            f"an encrypted key, or a key that does not match the certificate): {_reason(exc)}"
+            f"an encrypted key, or a key that does not match the certificate): {reason_of(exc)}"
         ) from None
     if tls.ca is not None:
         try:
             context.load_verify_locations(cafile=tls.ca)
         except (ssl.SSLError, OSError) as exc:
             raise ConfigError(
-                f"{where}: cannot load the CA certificates {tls.ca}: {_reason(exc)}"
+                f"{where}: cannot load the CA certificates {tls.ca}: {reason_of(exc)}"
             ) from None
     context.verify_mode = _VERIFY_MODES[tls.client_cert]
     return context
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return str(exc.reason)
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return type(exc).__name__
 
 
 def certificate_name(peercert: Mapping[str, Any] | None) -> str | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from sluice.errors import ClientError
+from sluice.errors import ClientError, reason_of
 
 __all__ = ["MINIMUM_TLS_VERSION", "client_context"]
 
@@ -35,7 +35,7 @@ def client_context(
     try:
         context = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
     except (ssl.SSLError, OSError) as exc:
-        raise ClientError(f"cannot load the CA certificates {ca}: {_reason(exc)}") from None
+        raise ClientError(f"cannot load the CA certificates {ca}: {reason_of(exc)}") from None
     context.minimum_version = MINIMUM_TLS_VERSION
     if cert is not None:
         try:
@@ -46,14 +46,6 @@ def client_context(
             raise ClientError(
                 f"cannot use the client certificate {cert}"
                 + (f" with the key {key}" if key is not None else "")
-                + f": {_reason(exc)}"
+                + f": {reason_of(exc)}"
             ) from None
     return context
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return str(exc.reason)
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return type(exc).__name__

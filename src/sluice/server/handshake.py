@@ -7,7 +7,8 @@ only log those in debug mode). Here each accepted socket is handed to
 done (the session's `connection_made` has then run) or raises. A failure (wrong CA, an expired or
 missing client certificate, an old protocol version, a peer that does not speak TLS, no handshake
 within the deadline) is logged as one line with the peer and OpenSSL's reason, without a
-traceback, and counted (`tls_handshake_failures`; `tls_handshakes` counts the good ones).
+traceback, and counted (`tls_handshake_failures`; `tls_handshakes` counts the good ones). Every
+failure is counted, but no more than `LOG_BURST` lines are logged in `LOG_WINDOW_S` (`FailureLog`).
 """
 
 from __future__ import annotations
@@ -17,16 +18,22 @@ import errno
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Callable
+
+from sluice.errors import reason_of
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TlsListener"]
+__all__ = ["FailureLog", "TlsListener"]
 
 BACKLOG = 4096
 # Out of file descriptors: accept again after this, rather than spin.
 _ACCEPT_RETRY_S = 0.1
 _OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+# Handshake failures logged one by one: at most LOG_BURST lines in each LOG_WINDOW_S.
+LOG_WINDOW_S = 10.0
+LOG_BURST = 10
 
 
 def _listening_sockets(host: str, port: int) -> list[socket.socket]:
@@ -70,6 +77,7 @@ class TlsListener:
         self.port = 0
         self._accepting: list[asyncio.Task[None]] = []
         self._handshakes: set[asyncio.Task[None]] = set()
+        self.failures = FailureLog()
 
     def listen(self, host: str, port: int) -> None:
         """Bind, listen and start accepting; `OSError` if the address cannot be had."""
@@ -105,7 +113,7 @@ class TlsListener:
         except (OSError, EOFError, TimeoutError, ssl.SSLError) as exc:
             conn.close()
             self.count("tls_handshake_failures")
-            log.warning("TLS handshake with %s failed: %s", _peer(peer), _reason(exc))
+            self.failures.warn(_peer(peer), _reason(exc))
         except BaseException:
             conn.close()
             raise
@@ -129,12 +137,44 @@ def _peer(peer: object) -> str:
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
-        return f"{exc.reason or 'certificate verify failed'}: {exc.verify_message}"
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return str(exc.reason)
     if isinstance(exc, TimeoutError):
         return "no handshake within the deadline"
-    text = str(exc) or type(exc).__name__
-    # One line, whatever the exception says.
-    return " ".join(text.split())[:200]
+    return reason_of(exc)
+
+
+class FailureLog:
+    """Warnings about failed handshakes, at most `burst` in each `window_s`: a flood of bad
+    handshakes (a scanner, a client with the wrong CA in a reconnect loop) must not fill the log.
+    The lines held back are counted and summed up in one line when the window ends."""
+
+    def __init__(
+        self,
+        window_s: float = LOG_WINDOW_S,
+        burst: int = LOG_BURST,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.window_s = window_s
+        self.burst = burst
+        self.clock = clock
+        self._window_start = clock()
+        self._logged = 0
+        self.held_back = 0
+
+    def warn(self, peer: str, reason: str) -> None:
+        """Log one failure, unless this window's lines are spent."""
+        now = self.clock()
+        if now - self._window_start >= self.window_s:
+            if self.held_back:
+                log.warning(
+                    "%d more TLS handshake failures not logged in the last %.0f s "
+                    "(counted in tls_handshake_failures)",
+                    self.held_back,
+                    now - self._window_start,
+                )
+            self._window_start = now
+            self._logged = self.held_back = 0
+        if self._logged < self.burst:
+            self._logged += 1
+            log.warning("TLS handshake with %s failed: %s", peer, reason)
+        else:
+            self.held_back += 1
