@@ -147,7 +147,7 @@ def test_listeners_replace_stomp(tmp_path: Path) -> None:
         "[[listeners]]\nport = 61613\n\n"
         '[[listeners]]\nhost = "127.0.0.1"\nport = 61612\n'
         'tls = { cert = "server.pem", key = "server.key", ca = "ca.pem", '
-        'client_cert = "required" }\n'
+        'client_cert = "required", crl = "ca.pem" }\n'
     )
     cfg = config_mod.load(path, env={})
     plain, tls = cfg.stomp_listeners
@@ -156,6 +156,7 @@ def test_listeners_replace_stomp(tmp_path: Path) -> None:
     # Relative to the configuration file.
     assert tls.tls.cert == tmp_path / "server.pem"
     assert tls.tls.client_cert is ClientCertPolicy.REQUIRED
+    assert tls.tls.crl == tmp_path / "ca.pem"
     assert config_mod.load(env={}).stomp_listeners == (config_mod.Listener(),)
 
 
@@ -180,6 +181,16 @@ def test_listeners_replace_stomp(tmp_path: Path) -> None:
             '[[listeners]]\nport = 1\ntls = { cert = "server.pem", key = "server.key", '
             'client_cert = "maybe" }\n',
             "client_cert must be none, optional or required",
+        ),
+        (
+            '[[listeners]]\nport = 1\ntls = { cert = "server.pem", key = "server.key", '
+            'crl = "ca.pem" }\n',
+            "tls.crl checks client certificates, which tls.client_cert = 'none' never asks for",
+        ),
+        (
+            '[[listeners]]\nport = 1\ntls = { cert = "server.pem", key = "server.key", '
+            'ca = "ca.pem", client_cert = "required", crl = "gone-crl.pem" }\n',
+            r"cannot read the revocation list \(tls.crl\)",
         ),
         ("[[listeners]]\nport = 7000\n[[listeners]]\nport = 7000\n", "listed twice"),
         ("[[listeners]]\nport = 70000\n", "port out of range"),

@@ -1,6 +1,6 @@
 """Certificates for the TLS tests, made on the spot with `cryptography` (no files checked in,
 nothing downloaded): a CA, and certificates it signs for the broker and for clients, valid now,
-expired, or signed by another CA."""
+expired, or signed by another CA; a CA's revocation list."""
 
 from __future__ import annotations
 
@@ -125,3 +125,25 @@ class Authority:
         )
         key_path.chmod(0o600)
         return Issued(cert, key_path)
+
+    def revocation_list(self, revoked: list[Issued], file_name: str | None = None) -> Path:
+        """A CRL (PEM) of this CA that revokes the `revoked` certificates (and no other)."""
+        now = datetime.datetime.now(datetime.UTC)
+        builder = (
+            x509.CertificateRevocationListBuilder()
+            .issuer_name(self.certificate.subject)
+            .last_update(now - _DAY)
+            .next_update(now + 10 * _DAY)
+        )
+        for issued in revoked:
+            serial = x509.load_pem_x509_certificate(issued.cert.read_bytes()).serial_number
+            builder = builder.add_revoked_certificate(
+                x509.RevokedCertificateBuilder()
+                .serial_number(serial)
+                .revocation_date(now - _DAY)
+                .build()
+            )
+        crl = builder.sign(self.key, hashes.SHA256())
+        path = self.directory / (file_name or f"{self.name}-crl.pem")
+        path.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
+        return path

@@ -320,6 +320,51 @@ def test_server_refuses_client_certificates_that_do_not_hold(
     assert "logins" not in secured.stats()
 
 
+def test_a_revoked_client_certificate_is_refused(
+    pki: Pki, users_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`tls.crl`: a certificate the CA revoked fails the handshake, for our client and for
+    stomp.py; one it did not revoke logs in as its CN."""
+    caplog.set_level(logging.DEBUG)
+    crl = pki.ca.revocation_list([pki.mallory], file_name="ca-crl-mallory.pem")
+    tls = {
+        "cert": str(pki.server.cert),
+        "key": str(pki.server.key),
+        "ca": str(pki.ca.cert),
+        "client_cert": "required",
+        "crl": str(crl),
+    }
+    running = start_broker(
+        listeners=[{"host": "127.0.0.1", "port": 0}, {"host": "127.0.0.1", "port": 0, "tls": tls}],
+        limits={"login_failure_delay_s": 0},
+        auth={"users_file": str(users_file)},
+        acl=ACL,
+    )
+    try:
+        port = _tls(running)
+        run(_refused(port, ca=pki.ca.cert, cert=pki.mallory.cert, key=pki.mallory.key))
+        conn = _stomppy(port, pki.ca.cert, pki.mallory, ssl_version=ssl.PROTOCOL_TLSv1_2)
+        with pytest.raises(stomp.exception.ConnectFailedException):
+            conn.connect(wait=True)
+        lines = _handshake_failures(running, 2, caplog)
+        assert lines.count("CERTIFICATE_VERIFY_FAILED: certificate revoked") == 2, lines
+
+        async def alice() -> None:
+            async with await Client.connect(
+                f"127.0.0.1:{port}",
+                ca=pki.ca.cert,
+                cert=pki.alice.cert,
+                key=pki.alice.key,
+                reconnect=False,
+            ) as client:
+                await client.send("/queue/orders.crl", b"still trusted", receipt=True)
+
+        run(alice())
+        assert running.stats()["tls_handshakes"] == 1
+    finally:
+        running.stop()
+
+
 def test_tls_1_1_is_refused(
     broker: RunningBroker, pki: Pki, caplog: pytest.LogCaptureFixture
 ) -> None:

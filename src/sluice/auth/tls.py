@@ -4,7 +4,9 @@ the name a verified client certificate gives its holder.
 The context is the standard library's server default (`ssl.create_default_context` for client
 authentication: its ciphers, no compression, no renegotiation) with TLS 1.2 as the oldest version
 accepted. `client_cert` sets whether a client certificate is asked for (`optional`) or required
-(`required`); one that is sent must chain to the listener's `ca`, or the handshake fails.
+(`required`); one that is sent must chain to the listener's `ca`, or the handshake fails. With
+`crl`, a client certificate its issuer's list revokes fails the handshake too, and so does one
+whose issuer has no list in the file (OpenSSL cannot tell it is not revoked).
 
 A client certificate is an identity only once OpenSSL has verified it: `certificate_name` reads
 the subject's common name (CN) from the certificate as the handshake reported it, never from
@@ -52,6 +54,15 @@ def server_context(tls: TlsSettings, where: str = "tls") -> ssl.SSLContext:
             raise ConfigError(
                 f"{where}: cannot load the CA certificates {tls.ca}: {reason_of(exc)}"
             ) from None
+    if tls.crl is not None:
+        try:
+            context.load_verify_locations(cafile=tls.crl)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"{where}: cannot load the revocation list {tls.crl}: {reason_of(exc)}"
+            ) from None
+        # The client's own certificate is looked up in the lists (its issuer must have one).
+        context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
     context.verify_mode = _VERIFY_MODES[tls.client_cert]
     return context
 

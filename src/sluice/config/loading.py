@@ -169,7 +169,7 @@ def _apply_acl(config: Config, tables: Any, where: str) -> Config:
     return dataclasses.replace(config, acl=tuple(rules))
 
 
-_TLS_KEYS = ("cert", "key", "ca", "client_cert")
+_TLS_KEYS = ("cert", "key", "ca", "client_cert", "crl")
 
 
 def _tls_path(raw: Any, name: str, where: str, base: Path | None) -> Path:
@@ -203,6 +203,7 @@ def _parse_tls(raw: Any, where: str, base: Path | None) -> TlsSettings:
         key=_tls_path(raw["key"], "key", where, base),
         ca=_tls_path(raw["ca"], "ca", where, base) if "ca" in raw else None,
         client_cert=client_cert,
+        crl=_tls_path(raw["crl"], "crl", where, base) if "crl" in raw else None,
     )
 
 

@@ -215,14 +215,16 @@ class ClientCertPolicy(enum.Enum):
 
 @dataclass(frozen=True)
 class TlsSettings:
-    """A listener's `tls = {cert, key, ca, client_cert}`: its certificate chain and private key
-    (PEM, the key unencrypted), the CA bundle that client certificates must chain to, and whether
-    clients must present one."""
+    """A listener's `tls = {cert, key, ca, client_cert, crl}`: its certificate chain and private
+    key (PEM, the key unencrypted), the CA bundle that client certificates must chain to, whether
+    clients must present one, and the certificate revocation lists (PEM) a client certificate is
+    checked against."""
 
     cert: Path
     key: Path
     ca: Path | None = None
     client_cert: ClientCertPolicy = ClientCertPolicy.NONE
+    crl: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -394,6 +396,13 @@ def _check_tls(tls: TlsSettings, where: str) -> None:
     _check_readable(tls.key, "private key (tls.key)", where)
     if tls.ca is not None:
         _check_readable(tls.ca, "CA file (tls.ca)", where)
+    if tls.crl is not None:
+        if tls.client_cert is ClientCertPolicy.NONE:
+            raise ConfigError(
+                f"{where}: tls.crl checks client certificates, which tls.client_cert = 'none' "
+                "never asks for"
+            )
+        _check_readable(tls.crl, "revocation list (tls.crl)", where)
 
 
 def is_loopback(host: str) -> bool:
