@@ -93,6 +93,9 @@ class DispatchMarks:
         self._wakeup = wakeup
         self.confirmed = 0 if on else _NO_MARKS
         self._requested = self.confirmed
+        # Sequences up to here may go without a word to the store (`allows` is True for them and
+        # asks for nothing): the dispatch pass checks this first and calls `allows` past it.
+        self.clear_to = self.confirmed - MARK_STEP // 2
 
     def allows(self, seq: int) -> bool:
         """Whether `seq` may be delivered now; asks for marks as needed."""
@@ -111,6 +114,7 @@ class DispatchMarks:
         def confirmed(handle: WriteHandle) -> None:
             if target > self.confirmed:
                 self.confirmed = target
+                self.clear_to = target - MARK_STEP // 2
             self._wakeup()
 
         # Completions run on the loop after this returns, so the callback is in place in time.
@@ -492,7 +496,8 @@ class Queue(QueuePaging):
         start = self._rr
         for i in range(n):
             sub = ready[(start + i) % n]
-            if sub.fits(message) and (sub.selector is None or sub.matches(message)):
+            fits = not sub.prefetch_bytes or sub.fits(message)
+            if fits and (sub.selector is None or sub.matches(message)):
                 self._rr = (start + i + 1) % n
                 return sub
         return None
@@ -546,7 +551,8 @@ class Queue(QueuePaging):
         evicted = self._evicted
         if group_id is not None and evicted and evicted.blocks(group_id, message.seq):
             return (_Verdict.HOPELESS if message.in_store else _Verdict.WAIT), None
-        if not self.marks.allows(message.seq):
+        seq = message.seq
+        if seq > self.marks.clear_to and not self.marks.allows(seq):
             return _Verdict.WAIT, None
         if p.held and group_id in p.held:
             return (_Verdict.SKIP if message.in_store else _Verdict.WAIT), None

@@ -23,16 +23,16 @@ _TOPIC = "/topic/"
 class SessionAccess:
     """Checks one connection's frames against the rules in force."""
 
-    __slots__ = ("_broker", "_guard", "identity")
+    __slots__ = ("_broker", "guard", "identity")
 
     def __init__(self, guard: Guard, broker: Broker) -> None:
-        self._guard = guard
+        self.guard = guard
         self._broker = broker
         self.identity: Identity = ANONYMOUS
 
     def allows(self, destination: str, permission: Permission) -> bool:
         """Whether the identity has `permission` on `destination` under the rules in force."""
-        return self._guard.access.allows(self.identity, destination, permission)
+        return self.guard.access.allows(self.identity, destination, permission)
 
     def check(self, destination: str, permission: Permission) -> None:
         """Raise `AccessDeniedError` unless the identity has `permission` on `destination`."""
@@ -46,7 +46,7 @@ class SessionAccess:
 
     def check_use(self, destination: str, permission: Permission) -> None:
         """`permission` on `destination`, and `admin` too if the frame would create it."""
-        access = self._guard.access
+        access = self.guard.access
         if access.open:
             return
         self.check(destination, permission)

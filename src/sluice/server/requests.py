@@ -12,6 +12,7 @@ creates one `Requests` when CONNECT is accepted and hands it what it may use, ex
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import MethodType
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from sluice.auth.identity import Permission
@@ -57,9 +58,11 @@ class Requests:
         "_core",
         "_disconnecting",
         "_fail",
+        "_guard",
         "_receipts",
         "_version",
         "access",
+        "handlers",
         "outbound",
     )
 
@@ -90,16 +93,19 @@ class Requests:
         self._close = close
         self._disconnecting = disconnecting
         self._closing = closing
-
-    def handle(self, frame: Frame, receipt: str | None) -> None:
-        """Carry out one frame (anything but CONNECT); `receipt` is its `receipt` header.
-        Raises `RequestError`, `LimitExceeded` or `AccessDeniedError` to refuse it."""
-        self._handlers[frame.command](self, frame, receipt)
+        self._guard = access.guard
+        # The handler of each command but CONNECT, bound: `handlers[frame.command](frame,
+        # receipt)` carries out one frame (`receipt` is its `receipt` header), or raises
+        # `RequestError`, `LimitExceeded` or `AccessDeniedError` to refuse it.
+        self.handlers: dict[Command, Callable[[Frame, str | None], None]] = {
+            command: MethodType(handler, self) for command, handler in self._handlers.items()
+        }
 
     # -- frame handlers -------------------------------------------------------------------------
 
     def _on_send(self, frame: Frame, receipt: str | None) -> None:
-        self.access.check_use(frame.headers["destination"], Permission.WRITE)
+        if not self._guard.access.open:  # check_use's own first test, without the call
+            self.access.check_use(frame.headers["destination"], Permission.WRITE)
         broker = self._broker
         message = build_message(frame, broker.new_message_id(), broker.now_ms())
         txid = frame.headers.get("transaction")

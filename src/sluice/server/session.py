@@ -284,7 +284,7 @@ class StompSession(asyncio.Protocol):
         assert requests is not None
         receipt = frame.headers.get("receipt")
         try:
-            requests.handle(frame, receipt)
+            requests.handlers[command](frame, receipt)
         except AccessDeniedError as exc:
             self._denied(exc, receipt)
         except (RequestError, LimitExceeded) as exc:
