@@ -19,6 +19,7 @@ from sluice.errors import CorruptionError, StoreError
 from sluice.store.api import RecoveredSubscription, WriteState
 from sluice.store.journal import files
 from sluice.store.journal import format as fmt
+from sluice.store.journal import store as store_mod
 from sluice.store.journal.files import list_files
 from sluice.store.journal.store import JournalStore
 
@@ -467,3 +468,46 @@ def test_an_older_remove_committed_keeps_a_newer_remove_of_the_same_key_hidden(
     finally:
         go.set()
         store.close()
+
+
+class _CountingLock:
+    """A lock that counts how often it is taken."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.taken = 0
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self.taken += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_first_seq_by_time_scans_in_chunks_and_finds_across_them(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan by time lets go of the store's lock every FIRST_SEQ_CHUNK entries (the writer
+    takes it for each batch), and finds the same answer on either side of a chunk boundary,
+    in the index and in the overlay of writes not yet checkpointed."""
+    monkeypatch.setattr(store_mod, "FIRST_SEQ_CHUNK", 10)
+    h = make_journal(index_write_batch=10**9, checkpoint_interval_s=3600.0)
+    h.open()
+    for seq in range(1, 46):
+        h.track(h.s.add(msg("/topic/t", seq, ts=1_000 + seq), None))
+    h.settle()
+    store = h.s
+    assert isinstance(store, JournalStore)
+    store.checkpoint()  # the first 45 in the index
+    for seq in range(46, 61):
+        h.track(h.s.add(msg("/topic/t", seq, ts=1_000 + seq), None))
+    h.settle()  # 15 more in the overlay
+    counting = _CountingLock()
+    monkeypatch.setattr(store, "_lock", counting)
+    assert store.first_seq("/topic/t", 1_010) == 10
+    assert store.first_seq("/topic/t", 1_011) == 11
+    assert store.first_seq("/topic/t", 1_055) == 55
+    counting.taken = 0
+    assert store.first_seq("/topic/t", 2_000) == 0
+    assert counting.taken == 7  # 60 entries, 10 at a time, and the empty look that ends it

@@ -56,6 +56,8 @@ from sluice.store.journal.writer import RequestKind, Writer
 
 log = logging.getLogger(__name__)
 
+# Index entries `first_seq` looks at per hold of the store's lock.
+FIRST_SEQ_CHUNK = 256
 
 # What load() picked: committed location, or the record bytes of a not yet written add.
 _Source = tuple[int, int, int] | list[bytes]
@@ -350,11 +352,21 @@ class JournalStore:
         index = self._index
         if index is None:
             raise StoreError("store is not open", str(self.config.data_dir))
-        with self._lock:
-            for seq, _size, ts, _source in self._merged(index, destination, 0):
-                if ts >= at_or_after_ms:
-                    return seq
-        return 0
+        after = 0
+        while True:
+            # At most FIRST_SEQ_CHUNK entries per hold of the lock, which the writer takes to
+            # take each batch: a long scan must not stall group commit.
+            scanned = 0
+            with self._lock:
+                for seq, _size, ts, _source in self._merged(index, destination, after):
+                    if ts >= at_or_after_ms:
+                        return seq
+                    after = seq
+                    scanned += 1
+                    if scanned >= FIRST_SEQ_CHUNK:
+                        break
+            if scanned < FIRST_SEQ_CHUNK:
+                return 0
 
     def _merged(
         self, index: Index, destination: str, after_seq: int
