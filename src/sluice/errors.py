@@ -127,6 +127,11 @@ class RequestError(SluiceError):
     Its message is written for the client and is safe to send back in an ERROR frame."""
 
 
+class DestinationInUseError(RequestError):
+    """An operator asked to remove a destination that consumers, durable subscriptions, open
+    transactions, live streams or writes in progress still use; the message says which."""
+
+
 class AccessDeniedError(RequestError):
     """The connection's user may not do this to this destination (`[[acl]]`). Its message names
     the destination and the permission and is safe to send to the client."""

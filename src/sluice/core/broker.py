@@ -26,6 +26,7 @@ from sluice.core.message import (
     STREAM_ABORT_REASON,
     STREAM_ID,
     DestinationKind,
+    DestinationNameError,
     Message,
     parse_destination,
 )
@@ -33,8 +34,16 @@ from sluice.core.queue import Queue
 from sluice.core.services import Cancellable, FlowReason, Loop, Producer
 from sluice.core.topic import Topic
 from sluice.core.usage import Usage
-from sluice.core.wildcard import WildcardIndex, compile_pattern
-from sluice.errors import DiskFullError, LimitExceeded, StoreError, StoreIOError
+from sluice.core.views import DestinationView, DurableView, Totals
+from sluice.core.wildcard import WildcardIndex, compile_pattern, is_wildcard
+from sluice.errors import (
+    DestinationInUseError,
+    DiskFullError,
+    LimitExceeded,
+    RequestError,
+    StoreError,
+    StoreIOError,
+)
 from sluice.store.api import MessageStore, Recovery, WriteHandle
 
 log = logging.getLogger(__name__)
@@ -161,6 +170,9 @@ class Broker:
         # Told roughly how many bytes were freed at once (the server gives the memory back to
         # the system); by default nobody is.
         self.memory_freed: Callable[[int], None] = _ignore_freed
+        # The counts of destinations removed since the start, so that totals never go down.
+        self._removed_totals = Totals()
+        self.started_ms = self._now_ms()
 
     # -- services for destinations ------------------------------------------------------------
 
@@ -194,6 +206,8 @@ class Broker:
             if isinstance(destination, Queue):
                 destination.recovered_mark = recovered.dispatch_mark
                 destination.recovered_seq = recovered.last_seq
+                destination.stored_ahead = recovered.message_count
+                destination.stored_ahead_bytes = recovered.message_bytes
                 destination.wakeup()
             elif isinstance(destination, Topic):
                 destination.base_seq = destination.last_seq + 1
@@ -202,6 +216,9 @@ class Broker:
             topic = self.destination(sub.destination)
             if isinstance(topic, Topic):
                 topic.restore_durable(sub)
+        for destination in self.destinations.values():
+            # What came in before the start is not counted as coming in now.
+            destination.counted_from_seq = destination.last_seq
         self.recovery = recovery
         self._sweep_timer = self._loop.call_later(self._sweep_interval_s, self._sweep)
         self.disks.start()
@@ -277,6 +294,7 @@ class Broker:
     def _remove_destination(self, destination: Destination) -> None:
         name = destination.name
         del self.destinations[name]
+        self._removed_totals += destination.view().totals
         destination.stop()
         destination.usage.detach()
         creator = destination.creator_id
@@ -357,6 +375,7 @@ class Broker:
             if last_seq is not None:
                 destination.last_seq = last_seq
                 destination.base_seq = last_seq + 1
+        destination.counted_from_seq = destination.last_seq
         self.destinations[name] = destination
         if isinstance(destination, Topic):
             for attacher in self.wildcards.match(short):
@@ -383,6 +402,88 @@ class Broker:
             if override_kind is kind and pattern.matches(short):
                 return policy
         return self.config.policy
+
+    # -- what operators see and do -------------------------------------------------------------
+
+    def totals(self) -> Totals:
+        """Message counts of the whole broker since it started, destinations removed since
+        included: they never go down."""
+        totals = self._removed_totals
+        for destination in self.destinations.values():
+            traffic = destination.traffic
+            totals += Totals(
+                destination.messages_in,
+                traffic.delivered,
+                traffic.acked,
+                traffic.redelivered,
+                traffic.dead_lettered,
+            )
+        return totals
+
+    def destination_views(self) -> list[DestinationView]:
+        """Every destination, as an operator sees it now."""
+        return [destination.view() for destination in self.destinations.values()]
+
+    def durable_views(self) -> list[DurableView]:
+        """Every durable subscription, with its cursor and lag."""
+        return [
+            view
+            for destination in self.destinations.values()
+            for view in destination.durable_views()
+        ]
+
+    def find(self, name: str) -> Destination | None:
+        """The destination of this name, if the broker has it (never creates one)."""
+        return self.destinations.get(name)
+
+    def create_destination(self, name: str) -> bool:
+        """Create a destination an operator names, checked as a client's name is (prefix,
+        length, no wildcard) and against the table's room. Returns False if it existed.
+        Raises `DestinationNameError` or `LimitExceeded` (counted)."""
+        if name in self.destinations:
+            return False
+        _kind, short = parse_destination(name)
+        limit = self.limits.max_destination_name_bytes
+        size = len(name.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            self.count("limit_max_destination_name_bytes")
+            raise LimitExceeded(
+                "max_destination_name_bytes", limit, f"a destination name of {size} bytes"
+            )
+        if is_wildcard(short):
+            raise DestinationNameError(f"destination {name!r} is a wildcard pattern, not a name")
+        self.destination(name)
+        return True
+
+    def delete_destination(self, name: str) -> None:
+        """Remove a destination an operator names, with every message it holds, from the
+        stores too. Raises `RequestError` if there is none, `DestinationInUseError` while it is
+        in use (`Destination.in_use`)."""
+        destination = self.destinations.get(name)
+        if destination is None:
+            raise RequestError(f"no destination {name}")
+        reason = destination.in_use()
+        if reason is not None:
+            raise DestinationInUseError(f"{name} is in use: {reason}")
+        self._remove_destination(destination)
+        self.count("destinations_deleted")
+
+    def delete_durable(self, topic_name: str, client_id: str, name: str) -> None:
+        """Remove a durable subscription an operator names, and release what it held. Raises
+        `RequestError` if there is none, `DestinationInUseError` while a consumer is attached."""
+        topic = self.destinations.get(topic_name)
+        durable = topic.durables.get((client_id, name)) if isinstance(topic, Topic) else None
+        if topic is None or durable is None:
+            raise RequestError(
+                f"no durable subscription {name!r} of client {client_id!r} on {topic_name}"
+            )
+        if durable.active is not None:
+            raise DestinationInUseError(
+                f"durable subscription {name!r} of client {client_id!r} has a consumer attached"
+            )
+        assert isinstance(topic, Topic)
+        topic.delete_durable(client_id, name)
+        self.count("durable_subscriptions_deleted")
 
     def abort_stream(self, destination_name: str, stream_id: str, reason: str) -> None:
         """Put an abort marker at the end of a stream: its reader raises instead of waiting."""
@@ -442,6 +543,9 @@ class Broker:
             persistent=message.persistent,
         )
         self.count("dead_lettered")
+        source = self.destinations.get(message.destination)
+        if source is not None:
+            source.traffic.dead_lettered += 1
         try:
             dlq = self.destination(dlq_name)
         except LimitExceeded:

@@ -15,6 +15,8 @@ from sluice.config import DestinationPolicy
 from sluice.core.message import DestinationKind, Message
 from sluice.core.streams import OpenStreams
 from sluice.core.usage import Usage
+from sluice.core.views import DestinationView, DurableView, Traffic
+from sluice.errors import RequestError
 
 if TYPE_CHECKING:
     from sluice.core.subscription import Subscription
@@ -121,6 +123,10 @@ class Destination:
         self.creator_id = 0
         self.unused_since_ms = 0
         self.unused_seq = 0
+        # What it delivered, had acknowledged, redelivered and dead-lettered; what came in is
+        # `last_seq` less the sequence it had when the broker started or created it.
+        self.traffic = Traffic()
+        self.counted_from_seq = 0
 
     # -- dispatch scheduling --------------------------------------------------------------------
 
@@ -203,6 +209,37 @@ class Destination:
     def depth(self) -> int:
         """Messages waiting for a consumer."""
         raise NotImplementedError
+
+    @property
+    def messages_in(self) -> int:
+        """Messages that came in since the broker started (or created it)."""
+        return self.last_seq - self.counted_from_seq
+
+    def view(self) -> DestinationView:
+        """What an operator sees of it now."""
+        raise NotImplementedError
+
+    def durable_views(self) -> list[DurableView]:
+        """Its durable subscriptions (a queue has none)."""
+        return []
+
+    def _in_flight(self) -> int:
+        return sum(len(sub.inflight) for sub in self.subscriptions)
+
+    def purge(self, upto_seq: int, max_messages: int) -> int:
+        """Remove messages waiting for a consumer (a queue's; see `Queue.purge`)."""
+        raise RequestError(f"{self.name} is not a queue: only queues can be purged")
+
+    def in_use(self) -> str | None:
+        """Why it may not be removed now (None: it may): consumers, open transactions holding
+        its messages, live streams, writes in progress."""
+        if self.subscriptions:
+            return f"{len(self.subscriptions)} consumers are subscribed"
+        if self.pins:
+            return "open transactions hold messages for it"
+        if self.open_streams:
+            return "streams are being sent to it"
+        return None
 
     def unused(self) -> bool:
         """Holds no message and serves nobody: no subscription, no live stream, no open

@@ -59,7 +59,7 @@ class Evicted:
     """Evicted messages of one queue: (seq, delivery count, bytes) per group (None for messages
     without a group), in sequence order, at most `limit` in all."""
 
-    __slots__ = ("_firsts", "_groups", "_size", "limit")
+    __slots__ = ("_firsts", "_groups", "_size", "limit", "nbytes")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -68,6 +68,8 @@ class Evicted:
         # The lowest evicted sequence of each named group -> the group.
         self._firsts: SortedDict = SortedDict()
         self._size = 0
+        # The bytes of the messages remembered.
+        self.nbytes = 0
 
     def __len__(self) -> int:
         return self._size
@@ -93,6 +95,7 @@ class Evicted:
                     del self._firsts[entries[1][0]]
                 self._firsts[seq] = group_id
         self._size += 1
+        self.nbytes += nbytes
         return True
 
     def has(self, group_id: str | None) -> bool:
@@ -112,14 +115,24 @@ class Evicted:
     def pop_first(self, group_id: str | None) -> None:
         """Forget the group's lowest evicted message (it is being read back)."""
         entries = self._groups[group_id]
-        seq = entries.pop(0)[0]
+        seq, _count, nbytes = entries.pop(0)
         self._size -= 1
+        self.nbytes -= nbytes
         if group_id is not None:
             del self._firsts[seq]
             if entries:
                 self._firsts[entries[0][0]] = group_id
         if not entries:
             del self._groups[group_id]
+
+    def take_all(self) -> list[int]:
+        """Forget every message remembered (a purge); returns their sequences."""
+        seqs = [entry[0] for entries in self._groups.values() for entry in entries]
+        self._groups.clear()
+        self._firsts.clear()
+        self._size = 0
+        self.nbytes = 0
+        return seqs
 
     def lowest(self) -> tuple[int, str | None] | None:
         """(seq, group) of the lowest evicted sequence of all; None when empty."""
@@ -153,6 +166,8 @@ class QueuePaging(Destination):
     recovered_seq: int
     _evicted: Evicted
     _retry_ungrouped: bool
+    stored_ahead: int
+    stored_ahead_bytes: int
     is_dlq: bool
     max_groups: int
     groups: dict[str, Subscription]
@@ -356,6 +371,8 @@ class QueuePaging(Destination):
                 if item.seq > cutoff:
                     break
                 message = Message.from_stored(item, 1 if item.seq <= self.recovered_mark else 0)
+                self.stored_ahead -= 1
+                self.stored_ahead_bytes -= message.nbytes
                 if spooled:
                     message.in_store = False
                     message.spooled = True

@@ -53,10 +53,11 @@ from sortedcontainers import SortedDict
 from sluice.config import DestinationPolicy, StreamPolicy
 from sluice.core.destination import Services
 from sluice.core.message import STREAM_ID, DestinationKind, Message, closes_group
-from sluice.core.paging import MAX_EVICTED, PAGE_MESSAGES, Evicted, QueuePaging
+from sluice.core.paging import MAX_EVICTED, PAGE_BYTES, PAGE_MESSAGES, Evicted, QueuePaging
 from sluice.core.paging import pending_key as _key
 from sluice.core.streams import StreamGroups
 from sluice.core.usage import Usage
+from sluice.core.views import DestinationView
 
 if TYPE_CHECKING:
     from sluice.core.subscription import Subscription
@@ -170,6 +171,10 @@ class Queue(QueuePaging):
         self.recovered_seq = 0
         # Stored messages dropped from memory below `loaded_seq`.
         self._evicted = Evicted(MAX_EVICTED)
+        # Messages above `loaded_seq` held by a store alone (written, or being written), and
+        # their bytes: what paging has yet to read. Counted for operators, not for paging.
+        self.stored_ahead = 0
+        self.stored_ahead_bytes = 0
         # Evicted messages without a group are read back after an event that may let a consumer
         # take them (an ack, a consumer coming or going), not in a loop.
         self._retry_ungrouped = True
@@ -206,6 +211,7 @@ class Queue(QueuePaging):
             # Over the memory window, or behind messages still on disk: leave it there.
             seq = message.seq
             self._unwritten.append(seq)
+            self._note_stored_ahead(message.nbytes)
 
             def written(handle: WriteHandle) -> None:
                 on_stored(handle)
@@ -235,6 +241,7 @@ class Queue(QueuePaging):
         if message.paged_out:
             # Its body is in the store only: paging must not pass it before the commit is written.
             self._unwritten.append(message.seq)
+            self._note_stored_ahead(message.nbytes)
 
     def publish_committed(self, message: Message) -> None:
         """The commit is written: the message becomes available."""
@@ -251,6 +258,7 @@ class Queue(QueuePaging):
             self.usage.release(message.nbytes)
         elif message.paged_out and message.seq in self._unwritten:
             self._written(message.seq)  # reserved by the COMMIT; the store never made it visible
+            self._note_stored_ahead(-message.nbytes)
 
     def _enqueue(self, message: Message) -> None:
         if message.seq > self.loaded_seq:
@@ -274,6 +282,12 @@ class Queue(QueuePaging):
         services.track_write(message)
         self.temp_store.add(message, written)
         services.count("spooled")
+        self._note_stored_ahead(message.nbytes)
+
+    def _note_stored_ahead(self, nbytes: int) -> None:
+        """A message above `loaded_seq` is left to a store alone (negative: no longer)."""
+        self.stored_ahead += 1 if nbytes >= 0 else -1
+        self.stored_ahead_bytes += nbytes
 
     def _written(self, seq: int) -> None:
         if self._unwritten and self._unwritten[0] == seq:
@@ -286,6 +300,36 @@ class Queue(QueuePaging):
     def depth(self) -> int:
         """Messages waiting for a consumer in memory (not counting those in flight)."""
         return len(self.pending)
+
+    def view(self) -> DestinationView:
+        """What an operator sees of it now: ready messages in memory and in the store."""
+        paged = len(self._evicted) + max(0, self.stored_ahead)
+        traffic = self.traffic
+        return DestinationView(
+            name=self.name,
+            kind=self.kind.value,
+            messages_ready=len(self.pending) + paged,
+            messages_in_flight=self._in_flight(),
+            consumers=len(self.subscriptions),
+            durable_subscriptions=0,
+            memory_bytes=self.usage.used,
+            messages_paged=paged,
+            paged_bytes=self._evicted.nbytes + max(0, self.stored_ahead_bytes),
+            messages_in=self.messages_in,
+            delivered=traffic.delivered,
+            acked=traffic.acked,
+            redelivered=traffic.redelivered,
+            dead_lettered=traffic.dead_lettered,
+            last_seq=self.last_seq,
+            dead_letter_queue=self.is_dlq,
+        )
+
+    def in_use(self) -> str | None:
+        """See `Destination.in_use`; besides, messages being written."""
+        reason = super().in_use()
+        if reason is None and self._unwritten:
+            reason = "messages are being written"
+        return reason
 
     def unused(self) -> bool:
         """See `Destination.unused`; besides, nothing left in a store (every message taken in
@@ -344,6 +388,7 @@ class Queue(QueuePaging):
         group_id = message.group_id
         closing = group_id is not None and closes_group(message.headers)
         self._retry_ungrouped = True
+        self.traffic.acked += 1
         if (
             group_id is not None
             and self.policy.stream_policy is StreamPolicy.RESTART
@@ -395,6 +440,8 @@ class Queue(QueuePaging):
                 )
             else:
                 self.pending[_key(message)] = message
+                if redelivered:
+                    self.traffic.redelivered += 1
         self._retry_ungrouped = True
         self.wakeup()
 
@@ -419,6 +466,59 @@ class Queue(QueuePaging):
         if expired:
             self.wakeup()  # what they held is free: read on
         return len(expired)
+
+    def purge(self, upto_seq: int, max_messages: int) -> int:
+        """Remove messages waiting for a consumer whose sequence is at most `upto_seq`: those in
+        memory, those dropped from memory, then those a store holds alone, about
+        `max_messages` at a time (call again until it returns 0). Messages in flight stay with
+        their consumers, and messages still being written stay too. Returns how many went."""
+        removed = 0
+        doomed = []
+        for key, message in self.pending.items():
+            if message.seq <= upto_seq:
+                doomed.append((key, message))
+                if len(doomed) >= max_messages:
+                    break
+        for key, message in doomed:
+            del self.pending[key]
+            self._drop(message)
+        removed += len(doomed)
+        if self._evicted and removed < max_messages:
+            for seq in self._evicted.take_all():
+                self.store.remove(self.name, seq)
+                removed += 1
+        if removed < max_messages:
+            removed += self._purge_stored(upto_seq)
+        if removed:
+            self._retry_ungrouped = True
+            self.wakeup()
+        return removed
+
+    def _purge_stored(self, upto_seq: int) -> int:
+        """Remove a page of the messages above `loaded_seq` that the stores hold alone."""
+        limit = min(upto_seq, self._unwritten[0] - 1 if self._unwritten else self.last_seq)
+        if self.loaded_seq >= limit:
+            return 0
+        stores = [self.store] if self.temp_store is None else [self.store, self.temp_store]
+        sources = [
+            (store, store.load(self.name, self.loaded_seq, PAGE_MESSAGES, PAGE_BYTES))
+            for store in stores
+        ]
+        cutoff = limit
+        for _store, page in sources:
+            if page:
+                cutoff = min(cutoff, page[-1].seq)  # this store may hold more beyond the page
+        removed = 0
+        for store, page in sources:
+            for item in page:
+                if item.seq > cutoff:
+                    break
+                store.remove(self.name, item.seq)
+                self.stored_ahead -= 1
+                self.stored_ahead_bytes -= item.size
+                removed += 1
+        self.loaded_seq = cutoff
+        return removed
 
     # -- groups ---------------------------------------------------------------------------------
 
@@ -608,6 +708,7 @@ class Queue(QueuePaging):
 
     def _deliver(self, sub: Subscription, message: Message) -> None:
         message.delivery_count += 1
+        self.traffic.delivered += 1
         if self.streams.resuming:
             self.streams.mark_if_resuming(message)
         if sub.auto:

@@ -42,6 +42,7 @@ from sluice.core.message import DestinationKind, Message
 from sluice.core.queue import DELIVER_LIMIT
 from sluice.core.subscription import Durable
 from sluice.core.topic_log import TopicLog
+from sluice.core.views import DestinationView, DurableView
 from sluice.errors import RequestError
 from sluice.store.api import RecoveredSubscription
 
@@ -220,6 +221,7 @@ class Topic(TopicLog):
         is persisted with the next write or checkpoint, so `on_removed` runs at once)."""
         if on_removed is not None:
             on_removed(None)
+        self.traffic.acked += 1
         durable = sub.durable
         if durable is not None:
             self._advance_cursor(sub, durable)
@@ -252,9 +254,50 @@ class Topic(TopicLog):
                 )
             else:
                 sub.redeliver.append((message, count))
+                if redelivered:
+                    self.traffic.redelivered += 1
         if sub.durable is not None:
             self._advance_cursor(sub, sub.durable)
         self.wakeup()
+
+    # -- what operators see ---------------------------------------------------------------------
+
+    def view(self) -> DestinationView:
+        """What an operator sees of it now: the log kept in memory, its subscribers."""
+        traffic = self.traffic
+        return DestinationView(
+            name=self.name,
+            kind=self.kind.value,
+            messages_ready=self.depth,
+            messages_in_flight=self._in_flight(),
+            consumers=len(self.subscriptions),
+            durable_subscriptions=len(self.durables),
+            memory_bytes=self.usage.used,
+            messages_paged=0,
+            paged_bytes=0,
+            messages_in=self.messages_in,
+            delivered=traffic.delivered,
+            acked=traffic.acked,
+            redelivered=traffic.redelivered,
+            dead_lettered=traffic.dead_lettered,
+            last_seq=self.last_seq,
+            dead_letter_queue=False,
+        )
+
+    def durable_views(self) -> list[DurableView]:
+        """Its durable subscriptions, each with its cursor and how far behind it is."""
+        return [
+            DurableView(
+                destination=self.name,
+                client_id=durable.client_id,
+                name=durable.name,
+                selector=durable.selector,
+                cursor=durable.cursor,
+                lag=max(0, self.last_seq - durable.cursor),
+                active=durable.active is not None,
+            )
+            for durable in self.durables.values()
+        ]
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -347,7 +390,10 @@ class Topic(TopicLog):
             self.wakeup()
 
     def _deliver(self, sub: Subscription, message: Message, count: int) -> None:
+        traffic = self.traffic
+        traffic.delivered += 1
         if sub.auto:
+            traffic.acked += 1
             sub.link.deliver(sub, message, 0, count)
             if sub.durable is not None:
                 self._advance_cursor(sub, sub.durable)

@@ -93,6 +93,16 @@ class TopicLog(Destination):
         """Messages kept in the log in memory."""
         return len(self._log) - self._head
 
+    def in_use(self) -> str | None:
+        """See `Destination.in_use`; besides, durable subscriptions and messages being
+        written."""
+        reason = super().in_use()
+        if reason is None and self.durables:
+            reason = f"{len(self.durables)} durable subscriptions read it (delete them first)"
+        if reason is None and self._unwritten:
+            reason = "messages are being written"
+        return reason
+
     def unused(self) -> bool:
         """See `Destination.unused`; besides, no durable subscription, no retention, an empty
         log."""

@@ -21,6 +21,7 @@ from sluice.auth.acl import AccessControl
 from sluice.auth.identity import ANONYMOUS, Identity, Refusal
 from sluice.config import Config
 from sluice.core.broker import Broker
+from sluice.core.views import ConnectionView
 from sluice.server.inbound import InboundBudget, MemoryTrim
 from sluice.stomp.codec import StompLimits
 
@@ -57,6 +58,14 @@ class LiveSession(Protocol):
         """Close the connection if a frame or the connection itself is past its deadline."""
         ...
 
+    def describe(self) -> ConnectionView | None:
+        """What an operator sees of the connection (None before its CONNECT is accepted)."""
+        ...
+
+    def close_by_operator(self, reason: str) -> None:
+        """An operator closes the connection: ERROR with `reason`, then close."""
+        ...
+
 
 class CloseReason(enum.Enum):
     """Why the broker closed (or saw the end of) a connection. Logged and counted."""
@@ -78,6 +87,7 @@ class CloseReason(enum.Enum):
     AUTH_FAILED = "auth_failed"
     ACCESS_DENIED = "access_denied"
     USER_REMOVED = "user_removed"
+    OPERATOR = "operator"
 
 
 def _everyone(

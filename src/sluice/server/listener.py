@@ -19,6 +19,7 @@ from sluice.auth.tls import server_context
 from sluice.auth.users import UsersFile, load_users
 from sluice.config import Config, Listener
 from sluice.core.broker import Broker
+from sluice.core.views import ConnectionView
 from sluice.server.context import Authenticator, Guard, LiveSession, SessionContext
 from sluice.server.handshake import TlsListener
 from sluice.server.inbound import InboundBudget, MemoryTrim
@@ -181,6 +182,20 @@ class BrokerServer:
             len(config.acl),
             closed,
         )
+
+    def connection_views(self) -> list[ConnectionView]:
+        """Every connection that has logged in, as an operator sees it."""
+        views = (session.describe() for session in self.sessions)
+        return sorted((view for view in views if view is not None), key=lambda v: v.id)
+
+    def close_connection(self, connection_id: int, reason: str) -> bool:
+        """Close a logged-in connection with an ERROR saying `reason`; False if there is none."""
+        for session in list(self.sessions):
+            view = session.describe()
+            if view is not None and view.id == connection_id:
+                session.close_by_operator(reason)
+                return True
+        return False
 
     def _new_session(self) -> StompSession:
         return StompSession(self.context)

@@ -24,6 +24,7 @@ class Outbound:
         "_on_sent",
         "_scheduled",
         "chunks",
+        "sent_bytes",
         "size",
         "transport",
     )
@@ -38,6 +39,8 @@ class Outbound:
         # Frames not yet handed to the transport, and their size in bytes.
         self.chunks: list[bytes] = []
         self.size = 0
+        # Bytes handed to the transport since the connection opened.
+        self.sent_bytes = 0
         # Hand over early past this many bytes: the room left under the mark at the last write
         # (the transport's buffer only shrinks between writes, so this errs on the early side).
         self._flush_at = high_bytes
@@ -69,12 +72,14 @@ class Outbound:
         chunks = self.chunks
         if not chunks:
             return
+        size = self.size
         self.chunks = []
         self.size = 0
         transport = self.transport
         if transport is None or transport.is_closing():
             return
         transport.writelines(chunks)
+        self.sent_bytes += size
         self.drained()
         self._on_sent()
 

@@ -27,6 +27,7 @@ from sluice.core.connection import BrokerConnection
 from sluice.core.message import Message
 from sluice.core.services import FlowReason
 from sluice.core.subscription import Subscription
+from sluice.core.views import ConnectionView
 from sluice.errors import (
     AccessDeniedError,
     FrameLimitExceeded,
@@ -113,6 +114,9 @@ class StompSession(asyncio.Protocol):
         self._held = 0
         self._frame_started: float | None = None
         self._last_received = 0.0
+        # Bytes read from the peer, and when its CONNECT was accepted (ms since the epoch).
+        self.bytes_received = 0
+        self.connected_at_ms = 0
 
     # -- asyncio protocol -----------------------------------------------------------------------
 
@@ -144,6 +148,7 @@ class StompSession(asyncio.Protocol):
         if self._closing:
             return
         now = self._last_received = self.loop.time()
+        self.bytes_received += len(data)
         self.stomp.receive_data(data, now)
         self._process()
 
@@ -407,6 +412,7 @@ class StompSession(asyncio.Protocol):
             self.log.info("logged in as %s", identity.user)
         self._version = self.stomp.version
         self.core = BrokerConnection(self.broker, self, frame.headers.get("client-id"))
+        self.connected_at_ms = self.broker.now_ms()
         self.requests = self._new_requests(self.core)
         self.broker.count("connections_accepted")
         self.outbound.write(data)
@@ -439,6 +445,36 @@ class StompSession(asyncio.Protocol):
             return
         self.log.warning("closing: %s", reason)
         self._fail(CloseReason.USER_REMOVED, reason)
+
+    def close_by_operator(self, reason: str) -> None:
+        """An operator closes the connection (the management API): ERROR, then close."""
+        if self._closing:
+            return
+        self.log.warning("closing: %s", reason)
+        self._fail(CloseReason.OPERATOR, reason)
+
+    def describe(self) -> ConnectionView | None:
+        """What an operator sees of the connection (None before its CONNECT is accepted)."""
+        core, negotiated, identity = self.core, self.stomp.negotiated, self.identity
+        if core is None or negotiated is None or identity is None or self._closing:
+            return None
+        transport = self.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "-"
+        tls = transport is not None and transport.get_extra_info("ssl_object") is not None
+        return ConnectionView(
+            id=core.id,
+            address=address,
+            user=identity.user,
+            client_id=core.client_id,
+            version=negotiated.version.value,
+            heartbeat_ms=(negotiated.send_heartbeat_ms, negotiated.receive_heartbeat_ms),
+            bytes_in=self.bytes_received,
+            bytes_out=self.outbound.sent_bytes,
+            subscriptions=len(core.subs) + len(core.wildcard_subs),
+            connected_at_ms=self.connected_at_ms,
+            tls=tls,
+        )
 
     def update_identity(self, identity: Identity) -> None:
         """The user's groups changed (a reload): later frames are judged with the new ones."""

@@ -1,0 +1,122 @@
+"""What an operator may see of the running broker, as values: a destination
+(`DestinationView`), a durable subscription (`DurableView`), a client connection
+(`ConnectionView`) and the broker's message totals (`Totals`); and the counters each
+destination keeps of its traffic (`Traffic`).
+
+The core builds the views when asked (`Broker.destination_views`, `Broker.totals`, ...); the
+management API and the metrics read them and never reach into the objects behind them. A
+view is a snapshot: it is not updated afterwards.
+
+Counting costs an integer increment per delivery and per acknowledgement; what comes in is
+not counted at all (a destination's sequence numbers say it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Traffic:
+    """Counters of one destination since the broker started (or since it was created)."""
+
+    __slots__ = ("acked", "dead_lettered", "delivered", "redelivered")
+
+    def __init__(self) -> None:
+        # Deliveries handed to consumers (a redelivery counts again).
+        self.delivered = 0
+        # Deliveries acknowledged (auto-acknowledged ones once written to their connection).
+        self.acked = 0
+        # Deliveries put back for another (NACK, or their consumer left).
+        self.redelivered = 0
+        # Messages of this destination sent to its dead-letter queue.
+        self.dead_lettered = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Message counts of the whole broker since it started; they never go down, whatever
+    destinations come and go."""
+
+    messages_in: int = 0
+    delivered: int = 0
+    acked: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(
+            self.messages_in + other.messages_in,
+            self.delivered + other.delivered,
+            self.acked + other.acked,
+            self.redelivered + other.redelivered,
+            self.dead_lettered + other.dead_lettered,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationView:
+    """A queue or a topic, now.
+
+    For a queue, `messages_ready` counts what waits for a consumer, in memory or in a store
+    alone (`messages_paged` of them, `paged_bytes`); `messages_in_flight` what consumers hold
+    unacknowledged. For a topic, `messages_ready` is what its log keeps in memory, and each
+    durable subscription's lag is in its `DurableView`.
+    """
+
+    name: str
+    kind: str
+    messages_ready: int
+    messages_in_flight: int
+    consumers: int
+    durable_subscriptions: int
+    memory_bytes: int
+    messages_paged: int
+    paged_bytes: int
+    # The destination's counts since the broker started (or since it was created).
+    messages_in: int
+    delivered: int
+    acked: int
+    redelivered: int
+    dead_lettered: int
+    # The sequence number of its last message.
+    last_seq: int
+    dead_letter_queue: bool
+
+    @property
+    def totals(self) -> Totals:
+        """Its counts, as a broker total."""
+        return Totals(
+            self.messages_in, self.delivered, self.acked, self.redelivered, self.dead_lettered
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DurableView:
+    """A durable topic subscription: its cursor (the last sequence acknowledged), how far it
+    is behind the topic (`lag`, in sequence numbers), and whether a consumer is attached."""
+
+    destination: str
+    client_id: str
+    name: str
+    selector: str | None
+    cursor: int
+    lag: int
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionView:
+    """A client connection that has logged in. `heartbeat_ms` is (what the broker sends, what
+    it expects from the client), 0 for off."""
+
+    id: int
+    address: str
+    user: str
+    client_id: str | None
+    version: str
+    heartbeat_ms: tuple[int, int]
+    bytes_in: int
+    bytes_out: int
+    subscriptions: int
+    connected_at_ms: int
+    tls: bool
