@@ -4,6 +4,7 @@ blocking clients (stomp.py) and asyncio clients can both talk to it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -17,6 +18,10 @@ from sluice import config as config_mod
 from sluice.server.listener import BrokerServer
 from sluice.server.stores import open_stores
 from sluice.store.api import MessageStore
+
+# Brokers the tests start as subprocesses serve their management API on a port of their own,
+# never on the default 8161 (another broker, or another test run, may hold it).
+os.environ.setdefault("SLUICE_HTTP__PORT", "0")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

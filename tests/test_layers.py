@@ -21,6 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "admin": {"core", "server"},
     "bench": {"stomp", "client"},
     "auth": {"core.wildcard"},
+    "http": {"core", "store.api", "auth"},
 }
 
 
@@ -67,6 +68,10 @@ def test_rule_catches_a_wrong_arrow() -> None:
     assert _allowed("server", "sluice.stomp.codec")
     assert _allowed("spark", "sluice.store.journal.format")
     assert not _allowed("spark", "sluice.store.journal.store")
+    assert _allowed("http", "sluice.core.views")
+    assert not _allowed("http", "sluice.server.listener")
+    assert not _allowed("server", "sluice.http.app")
+    assert not _allowed("core", "sluice.http.app")
 
 
 # -- import circles -------------------------------------------------------------------------------

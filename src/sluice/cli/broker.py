@@ -38,6 +38,10 @@ def _broker_config(args: argparse.Namespace) -> config_mod.Config:
     overrides: dict[str, dict[str, Any]] = {}
     if args.stomp is not None:
         overrides["stomp"] = {"host": args.stomp[0], "port": args.stomp[1]}
+    if args.no_http:
+        overrides["http"] = {"enabled": False}
+    elif args.http is not None:
+        overrides["http"] = {"enabled": True, "host": args.http[0], "port": args.http[1]}
     store: dict[str, Any] = {}
     if args.data is not None:
         store["data_dir"] = str(args.data)
@@ -67,6 +71,16 @@ def _run_broker(args: argparse.Namespace) -> int:
         store, temp_store = open_stores(cfg)
         server = BrokerServer(cfg, store, temp_store=temp_store)
         await server.start()
+        management = None
+        if cfg.http.enabled:
+            from sluice.http import ManagementServer  # noqa: PLC0415
+
+            management = ManagementServer(server)
+            try:
+                await management.start()
+            except BaseException:
+                await server.stop()
+                raise
         # Until here a signal ends the process at once (a start is recovery: nothing to lose);
         # from the line that says the broker listens, it stops the broker cleanly.
         stop = asyncio.Event()
@@ -74,6 +88,8 @@ def _run_broker(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, _reload, args, server)
+        if management is not None:
+            print(f"sluice management API on {management.url}", file=sys.stderr, flush=True)
         print(
             f"sluice {__version__} listening on "
             + ", ".join(str(bound) for bound in server.listeners)
@@ -90,6 +106,8 @@ def _run_broker(args: argparse.Namespace) -> int:
         watchdog = threading.Timer(SHUTDOWN_TIMEOUT_S, _stop_now)
         watchdog.daemon = True
         watchdog.start()
+        if management is not None:
+            await management.stop()
         await server.stop()
         watchdog.cancel()
 
@@ -127,6 +145,15 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
         type=_host_port,
         help="listen on HOST:PORT (default 127.0.0.1:61613); [[listeners]] in the configuration "
         "file give several, plain or TLS",
+    )
+    b.add_argument(
+        "--http",
+        type=_host_port,
+        help="serve the management API, /metrics and the health checks on HOST:PORT "
+        "(default 127.0.0.1:8161, [http] in the configuration file)",
+    )
+    b.add_argument(
+        "--no-http", action="store_true", help="no management API, /metrics or health checks"
     )
     b.add_argument("--data", type=Path, help="data directory of the journal store")
     b.add_argument("--store", choices=["memory", "journal"], help="message store")

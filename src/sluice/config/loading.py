@@ -22,6 +22,7 @@ from sluice.config.settings import (
     DestinationOverride,
     DestinationPolicy,
     HeartBeatSettings,
+    HttpSettings,
     Limits,
     Listener,
     StoreConfig,
@@ -36,6 +37,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "heartbeat": HeartBeatSettings,
     "policy": DestinationPolicy,
     "store": StoreConfig,
+    "http": HttpSettings,
 }
 
 

@@ -21,6 +21,11 @@ GiB = 1024 * MiB
 
 DEFAULT_STOMP_HOST = "127.0.0.1"
 DEFAULT_STOMP_PORT = 61613
+# The management API, /metrics and the health checks (ActiveMQ's web console port).
+DEFAULT_HTTP_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 8161
+# Destinations with series of their own in /metrics (`http.metrics_max_destinations`).
+DEFAULT_METRICS_MAX_DESTINATIONS = 1000
 
 # Prefetch defaults as ActiveMQ's: credit in messages per subscription kind.
 DEFAULT_QUEUE_PREFETCH = 1000
@@ -241,6 +246,20 @@ class Listener:
 
 
 @dataclass(frozen=True)
+class HttpSettings:
+    """`[http]`: the management API (`/api/`), Prometheus metrics (`/metrics`) and the health
+    checks (`/healthz`, `/readyz`), served on the broker's event loop. On by default, on
+    loopback; beyond loopback without users it is refused as a STOMP listener is.
+    `metrics_max_destinations` bounds the destinations that get series of their own in
+    `/metrics` (the busiest by depth first); the others are summed up and counted."""
+
+    enabled: bool = True
+    host: str = DEFAULT_HTTP_HOST
+    port: int = DEFAULT_HTTP_PORT
+    metrics_max_destinations: int = DEFAULT_METRICS_MAX_DESTINATIONS
+
+
+@dataclass(frozen=True)
 class AuthSettings:
     """`[auth]`: who may connect. Without `users_file` every client is anonymous, which the broker
     allows on a loopback listener only, unless `allow_anonymous` is true. With `users_file`,
@@ -292,6 +311,7 @@ class Config:
     destinations: tuple[DestinationOverride, ...] = ()
     auth: AuthSettings = field(default_factory=AuthSettings)
     acl: tuple[AclRule, ...] = ()
+    http: HttpSettings = field(default_factory=HttpSettings)
     broker_name: str = "sluice"
     use_uvloop: bool = True
 
@@ -336,6 +356,10 @@ class Config:
             )
         if not 0 <= self.stomp.port <= 65535:
             raise ConfigError(f"stomp.port out of range: {self.stomp.port}")
+        if not 0 <= self.http.port <= 65535:
+            raise ConfigError(f"http.port out of range: {self.http.port}")
+        if self.http.metrics_max_destinations < 0:
+            raise ConfigError("http.metrics_max_destinations must not be negative")
         self._check_listeners()
         if self.policy.max_redeliveries < 0:
             raise ConfigError("policy.max_redeliveries must not be negative")
@@ -363,12 +387,17 @@ class Config:
         auth = self.auth
         if auth.users_file is not None or auth.allow_anonymous:
             return
-        for listener in self.stomp_listeners:
-            if is_loopback(listener.host):
+        hosts = [
+            ("stomp.host" if not self.listeners else "[[listeners]] host", listener.host)
+            for listener in self.stomp_listeners
+        ]
+        if self.http.enabled:
+            hosts.append(("http.host", self.http.host))
+        for name, host in hosts:
+            if is_loopback(host):
                 continue
-            name = "stomp.host" if not self.listeners else "[[listeners]] host"
             raise ConfigError(
-                f"{name} = {listener.host!r} listens beyond loopback, and without [auth] "
+                f"{name} = {host!r} listens beyond loopback, and without [auth] "
                 "users_file every client would connect anonymously: refusing to start. Set "
                 "[auth] users_file (written by `sluice user add`), or set [auth] "
                 "allow_anonymous = true to accept anonymous clients from the network"

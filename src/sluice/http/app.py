@@ -1,0 +1,185 @@
+"""The management server: an aiohttp application on the broker's event loop, its routes, the
+checks every request goes through (`_guard`: who calls, and errors as JSON), and the health
+checks. The API's handlers are in `api.py` and `connections.py`, the metrics in `metrics.py`.
+
+No thread per request: handlers run on the loop and only ask the core for values; a password
+hash runs on the broker's login threads (`gate.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from sluice import __version__
+from sluice.errors import SluiceError
+from sluice.http import api, connections
+from sluice.http.context import Managed
+from sluice.http.errors import ApiError, ErrorCode, error_response
+from sluice.http.gate import CALLER, authenticate
+from sluice.http.rates import RateSampler
+
+__all__ = ["ManagementServer"]
+
+log = logging.getLogger(__name__)
+
+# Request bodies are small JSON documents.
+MAX_REQUEST_BYTES = 64 * 1024
+# In-flight requests get this long to finish when the broker stops.
+SHUTDOWN_TIMEOUT_S = 1.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Answered without credentials: probes of an orchestrator, and the API's description.
+_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/api/openapi.json"})
+
+_TOO_LARGE = (ErrorCode.PAYLOAD_TOO_LARGE, f"request body over {MAX_REQUEST_BYTES} bytes")
+_HTTP_ERRORS = {
+    404: (ErrorCode.NOT_FOUND, "no such resource"),
+    405: (ErrorCode.METHOD_NOT_ALLOWED, "method not allowed on this resource"),
+    413: _TOO_LARGE,
+}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The API's OpenAPI 3 document (written by hand, `openapi.json` beside this module)."""
+    text = resources.files("sluice.http").joinpath("openapi.json").read_text(encoding="utf-8")
+    document: dict[str, Any] = json.loads(text)
+    document["info"]["version"] = __version__
+    return document
+
+
+class ManagementServer:
+    """`/api/`, `/metrics`, `/healthz` and `/readyz` on `[http]` host and port."""
+
+    def __init__(self, managed: Managed, *, clock: Callable[[], float] = time.time) -> None:
+        self.managed = managed
+        self.settings = managed.config.http
+        self.started_at = clock()
+        self._clock = clock
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._sampler: RateSampler | None = None
+        self.app = self._build_app()
+
+    # -- the application ------------------------------------------------------------------------
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._guard], client_max_size=MAX_REQUEST_BYTES)
+        app.router.add_get("/healthz", self._healthz, allow_head=False)
+        app.router.add_get("/readyz", self._readyz, allow_head=False)
+        app.router.add_get("/api/openapi.json", self._openapi, allow_head=False)
+        app.router.add_routes(api.routes(self))
+        app.router.add_routes(connections.routes(self))
+        return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            length = request.content_length
+            if length is not None and length > MAX_REQUEST_BYTES:
+                raise ApiError(*_TOO_LARGE)
+            if request.path not in _OPEN_PATHS:
+                managed = self.managed
+                request[CALLER] = await authenticate(request, managed.guard, managed.broker)
+            return await handler(request)
+        except ApiError as exc:
+            return error_response(exc.code, exc.message, exc.headers)
+        except web.HTTPException as exc:
+            known = _HTTP_ERRORS.get(exc.status)
+            if known is None:
+                raise
+            return error_response(*known)
+        except SluiceError as exc:
+            # A refusal the core raised that a handler did not name: still the client's.
+            return error_response(ErrorCode.BAD_REQUEST, str(exc))
+        except Exception:
+            log.exception("internal error answering %s %s", request.method, request.path)
+            return error_response(ErrorCode.INTERNAL_ERROR, "internal error; see the broker log")
+
+    @property
+    def rates(self) -> RateSampler:
+        """The rates of the last sampling interval."""
+        assert self._sampler is not None, "the management server is not started"
+        return self._sampler
+
+    def uptime_s(self) -> float:
+        """Seconds since the management server started with the broker."""
+        return max(0.0, self._clock() - self.started_at)
+
+    # -- health ---------------------------------------------------------------------------------
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        reasons = self.not_ready()
+        if reasons:
+            return web.json_response({"status": "not_ready", "reasons": reasons}, status=503)
+        return web.json_response({"status": "ready"})
+
+    def not_ready(self) -> list[str]:
+        """Why the broker would not take a persistent SEND now (empty: it would)."""
+        broker = self.managed.broker
+        reasons = []
+        if broker.recovery is None or broker.closed:
+            reasons.append("the message store is not open")
+        if broker.shutting_down:
+            reasons.append("the broker is stopping")
+        if broker.store_failed:
+            cause = f": {broker.store_failure}" if broker.store_failure else ""
+            reasons.append(f"the message store failed{cause}; persistent sends are refused")
+        if broker.store_disk.full:
+            reasons.append(
+                f"the message store is full; persistent sends are "
+                f"{'refused' if broker.store_disk.policy.value == 'error' else 'held back'}"
+            )
+        return reasons
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_document())
+
+    # -- start and stop -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen on `[http]` host and port. Raises `SluiceError` if that address cannot be
+        had."""
+        settings = self.settings
+        runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        await runner.setup()
+        site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise SluiceError(
+                f"cannot listen for HTTP on {settings.host}:{settings.port} ([http]): "
+                f"{exc.strerror or exc}; set [http] port, or enabled = false"
+            ) from None
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+        self._sampler = RateSampler(self.managed.broker, asyncio.get_running_loop())
+        self._sampler.start()
+        log.info("management API on %s", self.url)
+
+    @property
+    def url(self) -> str:
+        """Where the server listens: `http://HOST:PORT/`."""
+        host = self.settings.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}/"
+
+    async def stop(self) -> None:
+        """Stop listening; requests in progress get `SHUTDOWN_TIMEOUT_S` to finish."""
+        if self._sampler is not None:
+            self._sampler.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,147 @@
+"""The API's connections and durable subscriptions: `/api/connections` (list, and close one
+with DELETE `/api/connections/{id}`), `/api/subscriptions` (list, and delete one with DELETE
+`/api/subscriptions/{topic}/{client_id}/{name}`, each part percent-encoded).
+
+Connections concern the whole broker: listing them needs `read`, closing one `admin`, on every
+destination. A durable subscription is its topic's: listing needs `read` on the topic,
+deleting `admin`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from sluice.auth.identity import Permission
+from sluice.core.views import ConnectionView, DurableView
+from sluice.errors import DestinationInUseError, RequestError
+from sluice.http.context import Serving
+from sluice.http.errors import ApiError, ErrorCode
+from sluice.http.gate import caller_of
+from sluice.http.listing import page_of
+
+__all__ = ["routes"]
+
+log = logging.getLogger(__name__)
+
+_CONNECTION_SORT: dict[str, Any] = {
+    "id": lambda v: v.id,
+    "user": lambda v: (v.user, v.id),
+    "address": lambda v: (v.address, v.id),
+    "bytes_in": lambda v: (v.bytes_in, v.id),
+    "bytes_out": lambda v: (v.bytes_out, v.id),
+    "connected_at_ms": lambda v: (v.connected_at_ms, v.id),
+}
+_SUBSCRIPTION_SORT: dict[str, Any] = {
+    "destination": lambda v: (v.destination, v.client_id, v.name),
+    "lag": lambda v: (v.lag, v.destination, v.client_id, v.name),
+    "client_id": lambda v: (v.client_id, v.name, v.destination),
+}
+
+
+def _connection(view: ConnectionView) -> dict[str, Any]:
+    out = dataclasses.asdict(view)
+    send_ms, receive_ms = view.heartbeat_ms
+    out["heartbeat_ms"] = {"send": send_ms, "receive": receive_ms}
+    return out
+
+
+def _subscription(view: DurableView) -> dict[str, Any]:
+    return dataclasses.asdict(view)
+
+
+class ConnectionsApi:
+    """The handlers of connections and durable subscriptions."""
+
+    def __init__(self, server: Serving) -> None:
+        self.managed = server.managed
+
+    async def list_connections(self, request: web.Request) -> web.Response:
+        """Logged-in connections: `user` (exact), `sort`, `order`, `offset`, `limit`."""
+        caller_of(request).require_broker(Permission.READ)
+        user = request.query.get("user")
+        views = [
+            view for view in self.managed.connection_views() if user is None or view.user == user
+        ]
+        page = page_of(
+            views, request.query, sort_keys=_CONNECTION_SORT, default_sort="id", render=_connection
+        )
+        return web.json_response(page)
+
+    async def close_connection(self, request: web.Request) -> web.Response:
+        """Close a connection: its client gets an ERROR saying an operator closed it."""
+        caller = caller_of(request)
+        caller.require_broker(Permission.ADMIN)
+        raw = request.match_info["id"]
+        if not raw.isascii() or not raw.isdigit():
+            raise ApiError(ErrorCode.BAD_REQUEST, f"a connection id is a number, not {raw!r}")
+        connection_id = int(raw)
+        reason = f"connection closed by an operator ({caller.user})"
+        if not self.managed.close_connection(connection_id, reason):
+            raise ApiError(ErrorCode.CONNECTION_NOT_FOUND, f"no connection {connection_id}")
+        log.warning(
+            "management API: user %s from %s closed connection %d",
+            caller.user,
+            caller.address,
+            connection_id,
+        )
+        return web.json_response({"closed": connection_id})
+
+    async def list_subscriptions(self, request: web.Request) -> web.Response:
+        """Durable subscriptions of topics the caller may read: `destination` (exact),
+        `sort`, `order`, `offset`, `limit`."""
+        caller = caller_of(request)
+        topic = request.query.get("destination")
+        views = [
+            view
+            for view in self.managed.broker.durable_views()
+            if (topic is None or view.destination == topic)
+            and caller.allows(view.destination, Permission.READ)
+        ]
+        page = page_of(
+            views,
+            request.query,
+            sort_keys=_SUBSCRIPTION_SORT,
+            default_sort="destination",
+            render=_subscription,
+        )
+        return web.json_response(page)
+
+    async def delete_subscription(self, request: web.Request) -> web.Response:
+        """Delete a durable subscription nobody consumes (409 while a consumer is attached)."""
+        caller = caller_of(request)
+        info = request.match_info
+        topic = "/topic/" + info["topic"]
+        client_id, name = info["client_id"], info["name"]
+        caller.require(topic, Permission.ADMIN)
+        try:
+            self.managed.broker.delete_durable(topic, client_id, name)
+        except DestinationInUseError as exc:
+            raise ApiError(ErrorCode.SUBSCRIPTION_IN_USE, str(exc)) from None
+        except RequestError as exc:
+            raise ApiError(ErrorCode.SUBSCRIPTION_NOT_FOUND, str(exc)) from None
+        log.warning(
+            "management API: user %s from %s deleted durable subscription %r of client %r on %s",
+            caller.user,
+            caller.address,
+            name,
+            client_id,
+            topic,
+        )
+        return web.json_response(
+            {"deleted": {"destination": topic, "client_id": client_id, "name": name}}
+        )
+
+
+def routes(server: Serving) -> list[web.RouteDef]:
+    """The routes of connections and durable subscriptions."""
+    handlers = ConnectionsApi(server)
+    return [
+        web.get("/api/connections", handlers.list_connections, allow_head=False),
+        web.delete("/api/connections/{id}", handlers.close_connection),
+        web.get("/api/subscriptions", handlers.list_subscriptions, allow_head=False),
+        web.delete("/api/subscriptions/{topic}/{client_id}/{name}", handlers.delete_subscription),
+    ]

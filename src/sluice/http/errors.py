@@ -1,0 +1,62 @@
+"""API errors: an HTTP status and a stable code, answered as
+`{"error": {"code": "...", "message": "..."}}`. Bad input is a 4xx; a 500 means a bug."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["ApiError", "ErrorCode", "error_response"]
+
+
+class ErrorCode(enum.Enum):
+    """The codes clients may rely on, with their HTTP status."""
+
+    BAD_REQUEST = ("bad_request", 400)
+    INVALID_DESTINATION = ("invalid_destination", 400)
+    UNAUTHORIZED = ("unauthorized", 401)
+    FORBIDDEN = ("forbidden", 403)
+    NOT_FOUND = ("not_found", 404)
+    DESTINATION_NOT_FOUND = ("destination_not_found", 404)
+    CONNECTION_NOT_FOUND = ("connection_not_found", 404)
+    SUBSCRIPTION_NOT_FOUND = ("subscription_not_found", 404)
+    METHOD_NOT_ALLOWED = ("method_not_allowed", 405)
+    NOT_A_QUEUE = ("not_a_queue", 409)
+    DESTINATION_IN_USE = ("destination_in_use", 409)
+    SUBSCRIPTION_IN_USE = ("subscription_in_use", 409)
+    PAYLOAD_TOO_LARGE = ("payload_too_large", 413)
+    LIMIT_EXCEEDED = ("limit_exceeded", 409)
+    INTERNAL_ERROR = ("internal_error", 500)
+    UNAVAILABLE = ("unavailable", 503)
+
+    @property
+    def code(self) -> str:
+        """The code as it appears in the JSON."""
+        return self.value[0]
+
+    @property
+    def status(self) -> int:
+        """The HTTP status it is answered with."""
+        return self.value[1]
+
+
+class ApiError(Exception):
+    """A request the API refuses; `message` is fit for the client."""
+
+    def __init__(
+        self, code: ErrorCode, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_response(
+    code: ErrorCode, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    """The JSON answer of an error."""
+    body: dict[str, Any] = {"error": {"code": code.code, "message": message}}
+    return web.json_response(body, status=code.status, headers=headers)

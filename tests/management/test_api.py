@@ -1,0 +1,252 @@
+"""The JSON API over real HTTP, against a broker carrying real STOMP traffic from stomp.py:
+depths, in-flight counts, consumers and totals checked against what the test sent; destinations
+created, purged and deleted; connections listed and closed; durable subscriptions listed and
+deleted; totals that never go back when a destination goes."""
+
+from __future__ import annotations
+
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import stomp
+
+from server.test_interop_stomppy import Collector, _connect, _subscribe
+from waiting import wait_until
+
+from .conftest import Managed, start_managed
+
+
+def _send(conn: Any, col: Collector, dest: str, count: int, prefix: str = "m") -> None:
+    for i in range(count):
+        conn.send(dest, f"{prefix}{i}", headers={"persistent": "true"})
+    conn.send(dest, "last", receipt=f"done-{dest}", headers={"persistent": "true"})
+    col.receipt(f"done-{dest}")
+
+
+def _queue(managed: Managed, name: str) -> dict[str, Any]:
+    reply = managed.http.get("/api/destinations/queue/" + urllib.parse.quote(name, safe=""))
+    assert reply.status == 200, reply.text
+    return reply.json  # type: ignore[no-any-return]
+
+
+def test_depths_and_counts_match_the_traffic(managed: Managed) -> None:
+    producer, pcol = _connect(managed.broker.port)
+    _send(producer, pcol, "/queue/work", 19)  # 20 messages
+    _send(producer, pcol, "/queue/other", 4)  # 5
+    consumer, ccol = _connect(managed.broker.port)
+    _subscribe(
+        consumer, ccol, "/queue/work", "s1", "client-individual", **{"activemq.prefetchSize": "7"}
+    )
+    frames = [ccol.message() for _ in range(7)]
+    wait_until(lambda: _queue(managed, "work")["messages_in_flight"] == 7, what="7 in flight")
+    work = _queue(managed, "work")
+    assert work["kind"] == "queue"
+    assert work["messages_ready"] == 13
+    assert work["consumers"] == 1
+    assert work["messages_in"] == 20
+    assert work["delivered"] == 7
+    assert work["acked"] == 0
+    assert work["memory_bytes"] > 0
+    for frame in frames[:3]:
+        consumer.ack(frame.headers["ack"])
+    wait_until(lambda: _queue(managed, "work")["acked"] == 3, what="3 acked")
+    # Three acknowledged: three more delivered within the credit of 7.
+    wait_until(lambda: _queue(managed, "work")["delivered"] == 10, what="10 delivered")
+    work = _queue(managed, "work")
+    assert (work["messages_ready"], work["messages_in_flight"]) == (10, 7)
+    # NACK puts one back, counted as a redelivery.
+    extra = ccol.message()
+    consumer.nack(extra.headers["ack"])
+    wait_until(lambda: _queue(managed, "work")["redelivered"] == 1, what="a redelivery")
+    other = _queue(managed, "other")
+    assert (other["messages_ready"], other["messages_in_flight"], other["consumers"]) == (5, 0, 0)
+
+    listing = managed.http.get("/api/destinations?kind=queue&sort=messages_ready&order=desc")
+    assert listing.status == 200
+    page = listing.json
+    assert page["total"] == 2
+    assert [item["name"] for item in page["items"]] == ["/queue/work", "/queue/other"]
+    paged = managed.http.get("/api/destinations?sort=name&limit=1&offset=1").json
+    assert (paged["total"], paged["offset"], paged["limit"]) == (2, 1, 1)
+    assert [item["name"] for item in paged["items"]] == ["/queue/work"]
+    filtered = managed.http.get("/api/destinations?name=oth").json
+    assert [item["name"] for item in filtered["items"]] == ["/queue/other"]
+    consumer.disconnect()
+    producer.disconnect()
+
+
+def test_overview_totals_and_rates(managed: Managed) -> None:
+    producer, pcol = _connect(managed.broker.port)
+    _send(producer, pcol, "/queue/a", 9)  # 10
+    consumer, ccol = _connect(managed.broker.port)
+    _subscribe(consumer, ccol, "/queue/a", "s1", "auto")
+    for _ in range(10):
+        ccol.message()
+    managed.broker.call(managed.server.rates.sample)
+    overview = managed.http.get("/api/overview").json
+    assert overview["version"]
+    assert overview["uptime_s"] >= 0
+    assert overview["totals"]["messages_in"] == 10
+    assert overview["totals"]["delivered"] == 10
+    assert overview["totals"]["acked"] == 10
+    assert overview["rates"]["messages_in"] > 0
+    assert overview["destinations"]["queues"] == 1
+    assert overview["connections"] == 2
+    assert overview["memory"]["limit_bytes"] > 0
+    assert overview["store"]["kind"] == "memory"
+    assert overview["alarms"] == {
+        "memory": False,
+        "pending_writes": False,
+        "store_full": False,
+        "temp_full": False,
+        "store_failed": False,
+    }
+    assert set(overview["flow_control"]) >= {"memory_pauses", "disk_pauses", "store_full_episodes"}
+    consumer.disconnect()
+    producer.disconnect()
+
+
+def test_create_delete_and_totals_that_stay(managed: Managed) -> None:
+    http = managed.http
+    created = http.put("/api/destinations/queue/made")
+    assert created.status == 201
+    assert created.json["name"] == "/queue/made"
+    assert http.put("/api/destinations/queue/made").status == 200
+    conn, col = _connect(managed.broker.port)
+    _send(conn, col, "/queue/made", 2)  # 3
+    _subscribe(conn, col, "/queue/made", "s1", "client-individual")
+    in_use = http.delete("/api/destinations/queue/made")
+    assert in_use.status == 409
+    assert in_use.json["error"]["code"] == "destination_in_use"
+    assert "consumers" in in_use.json["error"]["message"]
+    for _ in range(3):
+        conn.ack(col.message().headers["ack"])
+    conn.unsubscribe("s1", receipt="u1")
+    col.receipt("u1")
+    before = http.get("/api/overview").json["totals"]
+    deleted = http.delete("/api/destinations/queue/made")
+    assert deleted.status == 200, deleted.text
+    assert http.get("/api/destinations/queue/made").status == 404
+    after = http.get("/api/overview").json["totals"]
+    assert after == before
+    assert after["messages_in"] == 3
+    assert after["acked"] == 3
+    conn.disconnect()
+
+
+def test_purge_in_memory_and_a_topic_is_refused(managed: Managed) -> None:
+    conn, col = _connect(managed.broker.port)
+    _send(conn, col, "/queue/full", 49)  # 50
+    purged = managed.http.delete("/api/destinations/queue/full/messages")
+    assert purged.status == 200
+    assert purged.json == {"purged": 50}
+    assert _queue(managed, "full")["messages_ready"] == 0
+    # Nothing left to consume.
+    _subscribe(conn, col, "/queue/full", "s1", "auto")
+    assert col.no_message()
+    managed.http.put("/api/destinations/topic/t")
+    refused = managed.http.delete("/api/destinations/topic/t/messages")
+    assert refused.status == 409
+    assert refused.json["error"]["code"] == "not_a_queue"
+    conn.disconnect()
+
+
+def test_paged_queue_depth_and_purge_on_the_journal(tmp_path: Path) -> None:
+    managed = start_managed(
+        store={"kind": "journal", "data_dir": str(tmp_path / "data")},
+        limits={"destination_memory_limit_bytes": 64 * 1024},
+    )
+    try:
+        conn, col = _connect(managed.broker.port)
+        body = "x" * 1000
+        for _ in range(299):
+            conn.send("/queue/deep", body, headers={"persistent": "true"})
+        conn.send("/queue/deep", body, receipt="all", headers={"persistent": "true"})
+        col.receipt("all")
+        deep = _queue(managed, "deep")
+        assert deep["messages_ready"] == 300
+        assert deep["messages_paged"] > 200
+        assert deep["paged_bytes"] >= deep["messages_paged"] * 1000
+        assert deep["memory_bytes"] <= 64 * 1024 + 2000
+        purged = managed.http.delete("/api/destinations/queue/deep/messages")
+        assert purged.json == {"purged": 300}
+        deep = _queue(managed, "deep")
+        assert (deep["messages_ready"], deep["messages_paged"]) == (0, 0)
+        _subscribe(conn, col, "/queue/deep", "s1", "auto")
+        assert col.no_message()
+        conn.send("/queue/deep", "after", receipt="after", headers={"persistent": "true"})
+        col.receipt("after")
+        assert col.message().body == "after"
+        conn.disconnect()
+    finally:
+        managed.stop()
+
+
+def test_connections_listed_and_closed(managed: Managed) -> None:
+    conn = stomp.Connection12([("127.0.0.1", managed.broker.port)], heartbeats=(0, 0))
+    col = Collector()
+    conn.set_listener("c", col)
+    conn.connect(wait=True, headers={"client-id": "shop-1"})
+    _send(conn, col, "/queue/c", 0)
+    listing = managed.http.get("/api/connections").json
+    assert listing["total"] == 1
+    view = listing["items"][0]
+    assert view["user"] == "anonymous"
+    assert view["client_id"] == "shop-1"
+    assert view["version"] == "1.2"
+    assert view["address"].startswith("127.0.0.1:")
+    assert view["heartbeat_ms"] == {"send": 0, "receive": 0}
+    assert view["bytes_in"] > 0
+    assert view["bytes_out"] > 0
+    assert view["tls"] is False
+    closed = managed.http.delete(f"/api/connections/{view['id']}")
+    assert closed.status == 200
+    error = col.errors.get(timeout=10)
+    assert "closed by an operator" in error.headers["message"]
+    wait_until(lambda: managed.http.get("/api/connections").json["total"] == 0, what="closed")
+    assert managed.broker.stats()["closed_operator"] == 1
+    assert managed.http.delete(f"/api/connections/{view['id']}").status == 404
+
+
+def test_durable_subscriptions_listed_and_deleted(managed: Managed) -> None:
+    port = managed.broker.port
+    reader = stomp.Connection12([("127.0.0.1", port)])
+    rcol = Collector()
+    reader.set_listener("c", rcol)
+    reader.connect(wait=True, headers={"client-id": "audit"})
+    _subscribe(
+        reader, rcol, "/topic/events", "d1", "client", **{"activemq.subscriptionName": "log"}
+    )
+    producer, pcol = _connect(port)
+    _send(producer, pcol, "/topic/events", 3)  # 4
+    for _ in range(4):
+        rcol.message()
+    listing = managed.http.get("/api/subscriptions").json
+    assert listing["total"] == 1
+    sub = listing["items"][0]
+    assert sub == {
+        "destination": "/topic/events",
+        "client_id": "audit",
+        "name": "log",
+        "selector": None,
+        "cursor": 0,
+        "lag": 4,
+        "active": True,
+    }
+    in_use = managed.http.delete("/api/subscriptions/events/audit/log")
+    assert in_use.status == 409
+    assert in_use.json["error"]["code"] == "subscription_in_use"
+    reader.disconnect()
+    wait_until(
+        lambda: not managed.http.get("/api/subscriptions").json["items"][0]["active"],
+        what="the consumer gone",
+    )
+    topic = managed.http.get("/api/destinations/topic/events").json
+    assert topic["durable_subscriptions"] == 1
+    assert topic["messages_in"] == 4
+    assert managed.http.delete("/api/destinations/topic/events").status == 409
+    deleted = managed.http.delete("/api/subscriptions/events/audit/log")
+    assert deleted.status == 200, deleted.text
+    assert managed.http.get("/api/subscriptions").json["total"] == 0
+    producer.disconnect()
