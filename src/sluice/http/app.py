@@ -20,7 +20,7 @@ from aiohttp import web
 
 from sluice import __version__
 from sluice.errors import SluiceError
-from sluice.http import api, connections
+from sluice.http import api, connections, metrics
 from sluice.http.context import Managed
 from sluice.http.errors import ApiError, ErrorCode, error_response
 from sluice.http.gate import CALLER, authenticate
@@ -78,6 +78,7 @@ class ManagementServer:
         app.router.add_get("/api/openapi.json", self._openapi, allow_head=False)
         app.router.add_routes(api.routes(self))
         app.router.add_routes(connections.routes(self))
+        app.router.add_routes(metrics.routes(self))
         return app
 
     @web.middleware
