@@ -1,8 +1,8 @@
-"""The one entry point: `sluice broker|send|recv|put|get|store|bench|user ...` (also
+"""The one entry point: `sluice broker|send|recv|put|get|store|bench|user|admin ...` (also
 `python -m sluice`).
 
 `build_parser` asks each command group (`broker`, `messages`, `transfer`, `store`, `bench`,
-`users`) to add its subcommands; `main` runs the one named. Exit codes are `ExitCode`s: 0
+`users`, `admin`) to add its subcommands; `main` runs the one named. Exit codes are `ExitCode`s: 0
 success, 1 failure with a one-line reason on stderr, 2 usage error.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice import __version__
-from sluice.cli import bench, broker, messages, store, transfer, users
+from sluice.cli import admin, bench, broker, messages, store, transfer, users
 from sluice.cli.common import Runner, UsageError
 from sluice.cli.exitcodes import ExitCode
 from sluice.errors import SluiceError
@@ -40,7 +40,7 @@ def _parser_and_commands() -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands: dict[str, Runner] = {}
-    for group in (broker, messages, transfer, store, bench, users):
+    for group in (broker, messages, transfer, store, bench, users, admin):
         commands.update(group.add_parsers(sub))
     return parser, commands
 
