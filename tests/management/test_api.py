@@ -250,3 +250,28 @@ def test_durable_subscriptions_listed_and_deleted(managed: Managed) -> None:
     assert deleted.status == 200, deleted.text
     assert managed.http.get("/api/subscriptions").json["total"] == 0
     producer.disconnect()
+
+
+def test_depth_after_a_restart_counts_what_the_store_holds(tmp_path: Path) -> None:
+    settings: dict[str, Any] = {"store": {"kind": "journal", "data_dir": str(tmp_path / "d")}}
+    first = start_managed(**settings)
+    try:
+        conn, col = _connect(first.broker.port)
+        _send(conn, col, "/queue/kept", 39)  # 40
+        _subscribe(conn, col, "/queue/kept", "s1", "client-individual")
+        for _ in range(10):
+            conn.ack(col.message().headers["ack"])
+        wait_until(lambda: _queue(first, "kept")["acked"] == 10, what="10 acked")
+        conn.disconnect()
+    finally:
+        first.stop()
+    second = start_managed(**settings)
+    try:
+        kept = _queue(second, "kept")
+        assert kept["messages_ready"] == 30
+        assert kept["messages_in_flight"] == 0
+        # What came in before the start is not counted as coming in now.
+        assert kept["messages_in"] == 0
+        assert second.http.get("/api/overview").json["totals"]["messages_in"] == 0
+    finally:
+        second.stop()
