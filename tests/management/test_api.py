@@ -275,3 +275,51 @@ def test_depth_after_a_restart_counts_what_the_store_holds(tmp_path: Path) -> No
         assert second.http.get("/api/overview").json["totals"]["messages_in"] == 0
     finally:
         second.stop()
+
+
+def test_browse_without_consuming(tmp_path: Path) -> None:
+    managed = start_managed(
+        store={"kind": "journal", "data_dir": str(tmp_path / "data")},
+        limits={"destination_memory_limit_bytes": 16 * 1024},
+    )
+    try:
+        conn, col = _connect(managed.broker.port)
+        for i in range(60):
+            headers = {"persistent": "true", "colour": "red" if i % 2 else "blue"}
+            conn.send("/queue/b", f"message {i:02d} " + "x" * 500, headers=headers)
+        conn.send("/queue/b", "last", receipt="sent", headers={"persistent": "true"})
+        col.receipt("sent")
+        _subscribe(
+            conn, col, "/queue/b", "s1", "client-individual", **{"activemq.prefetchSize": "2"}
+        )
+        held = [col.message(), col.message()]
+        wait_until(lambda: _queue(managed, "b")["messages_in_flight"] == 2, what="2 in flight")
+        assert _queue(managed, "b")["messages_paged"] > 0
+        seen: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            page = managed.http.get(f"/api/destinations/queue/b/messages?after={after}&limit=25")
+            assert page.status == 200, page.text
+            seen.extend(page.json["items"])
+            after = page.json["next_after"]
+            if after is None:
+                break
+        assert [m["seq"] for m in seen] == list(range(1, 62))
+        assert [m["in_flight"] for m in seen[:3]] == [True, True, False]
+        assert seen[0]["body_preview"].startswith("message 00 ")
+        assert seen[0]["body_bytes"] == len("message 00 ") + 500
+        assert seen[1]["headers"]["colour"] == "red"
+        assert seen[-1]["body_preview"] == "last"
+        short = managed.http.get("/api/destinations/queue/b/messages?limit=1&preview=7").json
+        assert short["items"][0]["body_preview"] == "message"
+        # Nothing was consumed: the depth is what it was.
+        b = _queue(managed, "b")
+        assert (b["messages_ready"], b["messages_in_flight"]) == (59, 2)
+        for frame in held:
+            conn.ack(frame.headers["ack"])
+        managed.http.put("/api/destinations/topic/t")
+        refused = managed.http.get("/api/destinations/topic/t/messages")
+        assert refused.json["error"]["code"] == "not_a_queue"
+        conn.disconnect()
+    finally:
+        managed.stop()

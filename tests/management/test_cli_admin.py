@@ -49,6 +49,22 @@ def test_list_show_purge_delete(managed: Managed) -> None:
     code, out, _ = admin(managed, "show", "/queue/jobs.eu/x")
     assert code == 0
     assert "messages_ready: 1" in out.splitlines()
+    code, out, _ = admin(managed, "browse", "/queue/jobs", "--limit", "2")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "SEQ",
+        "MESSAGE-ID",
+        "PRIORITY",
+        "DELIVERIES",
+        "IN-FLIGHT",
+        "BYTES",
+        "BODY",
+    ]
+    assert [line.split()[0] for line in lines[1:]] == ["1", "2"]
+    assert lines[1].split()[-1] == "j0"
+    code, out, _ = admin(managed, "--json", "browse", "/queue/jobs", "--after", "4")
+    assert [m["body_preview"] for m in json.loads(out)["items"]] == ["j4"]
     code, out, _ = admin(managed, "purge", "/queue/jobs")
     assert (code, out.strip()) == (0, "purged 5 messages from /queue/jobs")
     code, out, _ = admin(managed, "--json", "delete", "/queue/jobs")

@@ -1,7 +1,8 @@
 """`sluice admin --url http://HOST:PORT ...`: the management API's client, in the manner of
-`rabbitmqadmin` and `activemq query|purge`: `list destinations|connections|subscriptions`,
-`show DEST`, `purge DEST`, `delete DEST`, `close CONNECTION`. A table by default, `--json`
-for scripts. Speaks HTTP with the standard library.
+`rabbitmqadmin` and `activemq query|browse|purge`: `list
+destinations|connections|subscriptions`, `show DEST`, `browse QUEUE`, `purge DEST`, `delete
+DEST`, `close CONNECTION`. A table by default, `--json` for scripts. Speaks HTTP with the
+standard library.
 
 With `--user`, the password is read from the terminal, or with `--password-stdin` from the
 first line of standard input (never a command-line argument, where `ps` would show it).
@@ -59,6 +60,15 @@ _TABLES: dict[str, list[Column]] = {
         ("BYTES-OUT", lambda c: c["bytes_out"]),
         ("SUBS", lambda c: c["subscriptions"]),
     ],
+    "messages": [
+        ("SEQ", lambda m: m["seq"]),
+        ("MESSAGE-ID", lambda m: m["message_id"]),
+        ("PRIORITY", lambda m: m["priority"]),
+        ("DELIVERIES", lambda m: m["delivery_count"]),
+        ("IN-FLIGHT", lambda m: "yes" if m["in_flight"] else "no"),
+        ("BYTES", lambda m: m["body_bytes"]),
+        ("BODY", lambda m: _preview(m["body_preview"])),
+    ],
     "subscriptions": [
         ("TOPIC", lambda s: s["destination"]),
         ("CLIENT-ID", lambda s: s["client_id"]),
@@ -68,6 +78,12 @@ _TABLES: dict[str, list[Column]] = {
         ("ACTIVE", lambda s: "yes" if s["active"] else "no"),
     ],
 }
+
+
+def _preview(text: str, width: int = 40) -> str:
+    """A body's first characters on one line."""
+    flat = text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", " ")
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
 class AdminError(SluiceError):
@@ -162,6 +178,10 @@ def _run_admin(args: argparse.Namespace) -> int:
         what: str = args.what
         items = api.all_items(f"/api/{what}")
         _print(args, items, _table(_TABLES[what], items))
+    elif action == "browse":
+        path = _destination_path(args.destination) + "/messages"
+        page = api.call("GET", f"{path}?after={args.after}&limit={args.limit}&preview=256")
+        _print(args, page, _table(_TABLES["messages"], page["items"]))
     elif action == "show":
         shown = api.call("GET", _destination_path(args.destination))
         _print(args, shown, "\n".join(f"{key}: {value}" for key, value in shown.items()))
@@ -175,6 +195,12 @@ def _run_admin(args: argparse.Namespace) -> int:
         closed = api.call("DELETE", f"/api/connections/{args.connection}")
         _print(args, closed, f"closed connection {closed['closed']}")
     return ExitCode.OK
+
+
+def _count(value: str) -> int:
+    if not value.isascii() or not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}")
+    return int(value)
 
 
 def _connection_id(value: str) -> int:
@@ -196,7 +222,11 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
     a.add_argument("--json", action="store_true", help="print the API's JSON, for scripts")
     actions = a.add_subparsers(dest="action", required=True)
     listing = actions.add_parser("list", help="list destinations, connections or subscriptions")
-    listing.add_argument("what", choices=sorted(_TABLES))
+    listing.add_argument("what", choices=["connections", "destinations", "subscriptions"])
+    browse = actions.add_parser("browse", help="show a queue's messages without consuming them")
+    browse.add_argument("destination", help="/queue/NAME")
+    browse.add_argument("--limit", type=_count, default=20, help="messages (1-100, default 20)")
+    browse.add_argument("--after", type=_count, default=0, help="after this sequence number")
     for name, text in (
         ("show", "show one destination"),
         ("purge", "remove the messages of a queue that wait for a consumer"),

@@ -15,7 +15,7 @@ from sluice.config import DestinationPolicy
 from sluice.core.message import DestinationKind, Message
 from sluice.core.streams import OpenStreams
 from sluice.core.usage import Usage
-from sluice.core.views import DestinationView, DurableView, Traffic
+from sluice.core.views import DestinationView, DurableView, MessageView, Traffic
 from sluice.errors import RequestError
 
 if TYPE_CHECKING:
@@ -229,6 +229,10 @@ class Destination:
     def purge(self, upto_seq: int, max_messages: int) -> int:
         """Remove messages waiting for a consumer (a queue's; see `Queue.purge`)."""
         raise RequestError(f"{self.name} is not a queue: only queues can be purged")
+
+    def browse(self, after_seq: int, limit: int, preview_bytes: int) -> list[MessageView]:
+        """Messages after `after_seq`, without consuming them (a queue's; `Queue.browse`)."""
+        raise RequestError(f"{self.name} is not a queue: only queues can be browsed")
 
     def in_use(self) -> str | None:
         """Why it may not be removed now (None: it may): consumers, open transactions holding

@@ -57,7 +57,8 @@ from sluice.core.paging import MAX_EVICTED, PAGE_BYTES, PAGE_MESSAGES, Evicted, 
 from sluice.core.paging import pending_key as _key
 from sluice.core.streams import StreamGroups
 from sluice.core.usage import Usage
-from sluice.core.views import DestinationView
+from sluice.core.views import DestinationView, MessageView
+from sluice.store.api import StoredMessage
 
 if TYPE_CHECKING:
     from sluice.core.subscription import Subscription
@@ -82,6 +83,28 @@ class _Verdict(enum.Enum):
     SKIP = "skip"  # not now (no credit, no selector matches): evicted only as a last resort
     WAIT = "wait"  # stays pending, never evicted (not stored, or not yet marked dispatched)
     STOP = "stop"  # nothing after it may go in this pass
+
+
+# A browse reads at most this much of the store at a time.
+_BROWSE_BYTES = 64 << 20
+
+
+def _message_view(
+    message: StoredMessage, delivery_count: int, in_flight: bool, preview_bytes: int
+) -> MessageView:
+    return MessageView(
+        seq=message.seq,
+        message_id=message.message_id,
+        timestamp_ms=message.timestamp_ms,
+        priority=message.priority,
+        persistent=message.persistent,
+        expires_ms=message.expires_ms,
+        delivery_count=delivery_count,
+        in_flight=in_flight,
+        headers=dict(message.headers),
+        body_bytes=len(message.body),
+        body_preview=bytes(message.body[:preview_bytes]),
+    )
 
 
 class DispatchMarks:
@@ -466,6 +489,28 @@ class Queue(QueuePaging):
         if expired:
             self.wakeup()  # what they held is free: read on
         return len(expired)
+
+    def browse(self, after_seq: int, limit: int, preview_bytes: int) -> list[MessageView]:
+        """The first `limit` messages after `after_seq`, in sequence order, without consuming
+        them: those waiting in memory, those consumers hold, and those a store holds alone."""
+        found: dict[int, tuple[StoredMessage, int, bool]] = {}
+        for message in self.pending.values():
+            if message.seq > after_seq:
+                found[message.seq] = (message, message.delivery_count, False)
+        for sub in self.subscriptions:
+            for message in sub.inflight.values():
+                if message.seq > after_seq:
+                    found[message.seq] = (message, message.delivery_count, True)
+        cutoff = self.last_seq
+        stores = [self.store] if self.temp_store is None else [self.store, self.temp_store]
+        for store in stores:
+            page = store.load(self.name, after_seq, limit, _BROWSE_BYTES)
+            if page and (len(page) >= limit or sum(m.size for m in page) >= _BROWSE_BYTES):
+                cutoff = min(cutoff, page[-1].seq)  # the store may hold more beyond the page
+            for item in page:
+                found.setdefault(item.seq, (item, 0, False))
+        seqs = sorted(seq for seq in found if seq <= cutoff)[:limit]
+        return [_message_view(*found[seq], preview_bytes) for seq in seqs]
 
     def purge(self, upto_seq: int, max_messages: int) -> int:
         """Remove messages waiting for a consumer whose sequence is at most `upto_seq`: those in

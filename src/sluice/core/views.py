@@ -120,3 +120,21 @@ class ConnectionView:
     subscriptions: int
     connected_at_ms: int
     tls: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    """A message as a browser sees it, without consuming it: its place (`seq`), its headers,
+    whether a consumer holds it now (`in_flight`), and the first bytes of its body."""
+
+    seq: int
+    message_id: str
+    timestamp_ms: int
+    priority: int
+    persistent: bool
+    expires_ms: int
+    delivery_count: int
+    in_flight: bool
+    headers: dict[str, str]
+    body_bytes: int
+    body_preview: bytes
