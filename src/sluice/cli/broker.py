@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -67,6 +68,7 @@ def _run_broker(args: argparse.Namespace) -> int:
         store, temp_store = open_stores(cfg)
         server = BrokerServer(cfg, store, temp_store=temp_store)
         await server.start()
+        _freeze_startup_objects()
         # Until here a signal ends the process at once (a start is recovery: nothing to lose);
         # from the line that says the broker listens, it stops the broker cleanly.
         stop = asyncio.Event()
@@ -95,6 +97,18 @@ def _run_broker(args: argparse.Namespace) -> int:
 
     asyncio.run(serve())
     return ExitCode.OK
+
+
+def _freeze_startup_objects() -> None:
+    """Move what the start built (modules, configuration, the recovered state) out of the cyclic
+    garbage collector's sight. A full collection visits every tracked object, and the start
+    leaves tens of thousands that live as long as the process: scanning them cost about 20 ms
+    of CPU per full collection, a pause of the event loop at a moment nobody chooses. What the
+    broker builds per message holds no reference cycles, so reference counting frees it as
+    before; only a cycle among the frozen objects would never be collected."""
+    gc.collect()
+    gc.freeze()
+    log.info("%d objects of the start frozen out of garbage collection", gc.get_freeze_count())
 
 
 def _reload(args: argparse.Namespace, server: Any) -> None:

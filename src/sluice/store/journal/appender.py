@@ -108,8 +108,9 @@ class Appender:
             assert op.location is not None
             assert op.record is not None
             apply(op.rtype, op.record, *op.location)
-            if op.cleanup is not None:
-                self._cleanups.append(op.cleanup)
+            cleanup = op.take_cleanup()
+            if cleanup is not None:
+                self._cleanups.append(cleanup)
 
     def write_durable(self, ops: Sequence[Op]) -> None:
         """Write, sync and apply internal ops (compaction copies, FILES_RETIRED records)."""

@@ -396,7 +396,8 @@ class Writer:
                 if not handle.done:
                     handle.state = WriteState.FAILED
                     handle.error = error
-            self.overlay.drop([op.cleanup for op in ops if op.cleanup is not None])
+            cleanups = [op.take_cleanup() for op in ops]
+            self.overlay.drop([cleanup for cleanup in cleanups if cleanup is not None])
             for op in ops:
                 # A remove that was not written hides its message no longer.
                 replaced = op.replaced
