@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, cast
 
+from sluice.histogram import LatencyHistogram
 from sluice.server.flow import FlowControl
 from sluice.server.hops import (
     Hop,
@@ -46,6 +49,25 @@ def test_each_hop_is_the_difference_of_two_stamps() -> None:
     assert recorder.hops[Hop.FSYNC].max_value == 588_000
     assert list(recorder.recent) == [stamps]
     assert recorder.out_of_order == 0
+
+
+def test_the_buckets_are_those_of_the_shared_histogram() -> None:
+    # The recorder counts inline what `LatencyHistogram.record` would: the same buckets, sums,
+    # minimums and maximums, over the whole range (and a stamp out of order counts as 0).
+    rng = random.Random(5)
+    recorder = HopRecorder()
+    expected = [LatencyHistogram() for _ in range(len(Hop) + 1)]
+    for _ in range(2000):
+        stamps = [rng.randrange(10**6)]
+        for _ in range(9):
+            stamps.append(stamps[-1] + int(10 ** rng.uniform(0, 10)) - rng.randrange(3))
+        recorder.record(_trace(tuple(stamps[:-1])), stamps[-1])
+        for histogram, (start, end) in zip(expected, pairwise(stamps), strict=False):
+            histogram.record(end - start)
+        expected[-1].record(stamps[-1] - stamps[0])
+    assert recorder.out_of_order > 0
+    got = [*recorder.hops.values(), recorder.total]
+    assert [h.to_dict() for h in got] == [h.to_dict() for h in expected]
 
 
 def test_a_stamp_out_of_order_is_counted() -> None:

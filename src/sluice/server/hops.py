@@ -60,6 +60,11 @@ PERCENTILES: tuple[tuple[str, float], ...] = (
     ("p99.9", 99.9),
 )
 _NS_PER_US = 1000
+# `sluice.histogram`'s buckets: values below this have one each; above, 2**_SUB_BITS per power
+# of two.
+_EXACT_BELOW = 256
+_SUB_BITS = 7
+_NO_VALUE = 1 << 62
 
 
 class Hop(enum.Enum):
@@ -111,21 +116,43 @@ class ReadStamps:
 
 
 class HopRecorder:
-    """The histograms of every hop and of the total, in nanoseconds, for the whole broker."""
+    """The histograms of every hop and of the total, in nanoseconds, for the whole broker.
+
+    `record` runs for every traced send, so it counts into plain lists (`LatencyHistogram`'s
+    buckets, computed inline) rather than calling a histogram ten times; `hops` and `total`
+    make `LatencyHistogram`s of them when asked."""
 
     def __init__(self) -> None:
-        self.hops = {hop: LatencyHistogram() for hop in Hop}
-        self._in_order = tuple(self.hops.values())
-        self.total = LatencyHistogram()
+        # Per hop, then the total: bucket counts, sums, minimums and maximums (ns).
+        slots = len(Hop) + 1
+        self._counts: list[dict[int, int]] = [{} for _ in range(slots)]
+        self._sums = [0] * slots
+        self._mins = [_NO_VALUE] * slots
+        self._maxes = [0] * slots
+        self.sends = 0
         # The stamps of the latest sends (ten per send, in the order of the docstring).
         self.recent: deque[tuple[int, ...]] = deque(maxlen=RECENT_SENDS)
         self.untimed = 0
         self.out_of_order = 0
 
     @property
-    def sends(self) -> int:
-        """Sends recorded."""
-        return self.total.total
+    def hops(self) -> dict[Hop, LatencyHistogram]:
+        """The histogram of each hop."""
+        return {hop: self._histogram(i) for i, hop in enumerate(Hop)}
+
+    @property
+    def total(self) -> LatencyHistogram:
+        """The histogram of the whole: first byte read to RECEIPT written."""
+        return self._histogram(len(Hop))
+
+    def _histogram(self, slot: int) -> LatencyHistogram:
+        histogram = LatencyHistogram()
+        histogram.counts = dict(self._counts[slot])
+        histogram.total = self.sends
+        histogram.sum_values = self._sums[slot]
+        histogram.min_value = self._mins[slot] if self.sends else 0
+        histogram.max_value = self._maxes[slot]
+        return histogram
 
     def record(self, trace: SendTrace, sent_ns: int) -> None:
         """A traced send's RECEIPT was handed to the transport at `sent_ns`."""
@@ -144,12 +171,28 @@ class HopRecorder:
             completed_ns,
             sent_ns,
         )
-        for histogram, (start, end) in zip(self._in_order, pairwise(stamps), strict=True):
-            if end < start:
-                self.out_of_order += 1
-            histogram.record(end - start)
-        self.total.record(sent_ns - read_ns)
         self.recent.append(stamps)
+        self.sends += 1
+        values = [end - start for start, end in pairwise(stamps)]
+        values.append(sent_ns - read_ns)
+        if min(values) < 0:
+            self.out_of_order += sum(value < 0 for value in values)
+            values = [max(value, 0) for value in values]
+        counts, sums, mins, maxes = self._counts, self._sums, self._mins, self._maxes
+        for slot, value in enumerate(values):
+            if value < _EXACT_BELOW:
+                index = value
+            else:
+                # `sluice.histogram.bucket_index`, inlined (ten times per traced send).
+                shift = value.bit_length() - _SUB_BITS - 1
+                index = (shift << _SUB_BITS) + (value >> shift)
+            bucket = counts[slot]
+            bucket[index] = bucket.get(index, 0) + 1
+            sums[slot] += value
+            if value > maxes[slot]:
+                maxes[slot] = value
+            if value < mins[slot]:
+                mins[slot] = value
 
     def snapshot(self) -> dict[str, int]:
         """Counts and percentiles (ns) for the broker's counters and gauges."""
