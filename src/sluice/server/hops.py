@@ -5,16 +5,16 @@ A traced SEND is a persistent one outside a transaction that asks for a receipt 
 waiting on each send measures). Every one is traced while the setting is on; its stamps
 (`time.perf_counter_ns`, one clock for every thread) are taken where it passes:
 
-    read_ns     the chunk holding its first byte is read          (the session)
-    handled_ns  its handler starts: the frame is parsed          (the requests)
-    added_ns    the store's `add` begins                          (the journal store)
-    queued_ns   its record is in the writer's queue              (the journal store)
-    taken_ns    the writer takes the batch it is in              (the writer thread)
-    write_ns    the batch's records are framed, writing begins   (the writer thread)
-    written_ns  the batch is written                             (the writer thread)
-    synced_ns   the batch is synced                              (the writer thread)
-    completed   its completion runs on the event loop            (the requests)
-    sent        its RECEIPT is handed to the transport           (the outbound)
+    read_ns      the chunk holding its first byte is read        (the session)
+    handled_ns   its handler starts: the frame is parsed         (the requests)
+    added_ns     the store's `add` begins                        (the journal store)
+    queued_ns    its record is in the writer's queue             (the journal store)
+    taken_ns     the writer takes the batch it is in             (the writer thread)
+    write_ns     the batch's records are framed, writing begins  (the writer thread)
+    written_ns   the batch is written                            (the writer thread)
+    synced_ns    the batch is synced                             (the writer thread)
+    completed_ns its completion runs on the event loop           (the requests)
+    sent_ns      its RECEIPT is handed to the transport          (the outbound)
 
 Each hop is the difference of two successive stamps, so the hops of one send add up to its
 total exactly, and their means add up to the total's mean. Stamps taken on two threads are
@@ -212,8 +212,8 @@ class HopRecorder:
         """Everything, JSON-safe: per hop its description, count, percentiles, maximum and mean
         (ns), and its histogram (`LatencyHistogram.to_dict`, to merge or recompute)."""
         hops = [
-            {"hop": hop.value, "description": hop.description, **_summary(self.hops[hop])}
-            for hop in Hop
+            {"hop": hop.value, "description": hop.description, **_summary(histogram)}
+            for hop, histogram in self.hops.items()
         ]
         return {
             "unit": "ns",
