@@ -1,5 +1,5 @@
 """`sluice broker`: run the broker until SIGINT or SIGTERM; SIGHUP reloads the users file and
-the `[[acl]]` rules."""
+the `[[acl]]` rules; with `--latency-hops`, SIGUSR1 reports the per-hop latency so far."""
 
 from __future__ import annotations
 
@@ -48,6 +48,10 @@ def _broker_config(args: argparse.Namespace) -> config_mod.Config:
         store["repair"] = True
     if store:
         overrides["store"] = store
+    if args.latency_hops or args.latency_hops_file is not None:
+        overrides["latency"] = {"hops": True}
+        if args.latency_hops_file is not None:
+            overrides["latency"]["hops_file"] = str(args.latency_hops_file)
     return config_mod.load(args.config, overrides=overrides)
 
 
@@ -76,6 +80,8 @@ def _run_broker(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, _reload, args, server)
+        if server.latency is not None:
+            loop.add_signal_handler(signal.SIGUSR1, server.report_latency)
         print(
             f"sluice {__version__} listening on "
             + ", ".join(str(bound) for bound in server.listeners)
@@ -145,4 +151,16 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
     b.add_argument("--data", type=Path, help="data directory of the journal store")
     b.add_argument("--store", choices=["memory", "journal"], help="message store")
     b.add_argument("--repair", action="store_true", help="skip damaged journal records on start")
+    b.add_argument(
+        "--latency-hops",
+        action="store_true",
+        help="time every persistent SEND with a receipt hop by hop, from its first byte read to "
+        "its RECEIPT written; the histograms are logged at stop and on SIGUSR1 (journal store)",
+    )
+    b.add_argument(
+        "--latency-hops-file",
+        type=Path,
+        metavar="FILE",
+        help="also write them to FILE as JSON (implies --latency-hops)",
+    )
     return {"broker": _run_broker}

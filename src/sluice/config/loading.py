@@ -22,6 +22,7 @@ from sluice.config.settings import (
     DestinationOverride,
     DestinationPolicy,
     HeartBeatSettings,
+    LatencySettings,
     Limits,
     Listener,
     StoreConfig,
@@ -36,6 +37,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "heartbeat": HeartBeatSettings,
     "policy": DestinationPolicy,
     "store": StoreConfig,
+    "latency": LatencySettings,
 }
 
 
@@ -74,6 +76,8 @@ def _coerce(cls: type[Any], name: str, raw: Any, where: str) -> Any:
         raise ConfigError(f"{where}: unknown setting {name!r}")
     default = getattr(cls(), name)
     try:
+        if default is None and fields[name].type == "Path | None":
+            return Path(raw)
         if isinstance(default, bool):
             return _parse_bool(raw)
         if isinstance(default, enum.Enum):

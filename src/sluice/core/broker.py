@@ -161,6 +161,8 @@ class Broker:
         # Told roughly how many bytes were freed at once (the server gives the memory back to
         # the system); by default nobody is.
         self.memory_freed: Callable[[int], None] = _ignore_freed
+        # More counters and gauges for `snapshot`, from around the core (the server's latency).
+        self.snapshot_sources: list[Callable[[], dict[str, int]]] = []
 
     # -- services for destinations ------------------------------------------------------------
 
@@ -615,6 +617,8 @@ class Broker:
         out["pending_writes"] = self.pending_writes
         out["store_failed"] = int(self.store_failed)
         out["destinations"] = len(self.destinations)
+        for source in self.snapshot_sources:
+            out.update(source())
         return out
 
 
