@@ -16,6 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPTS = [
     pytest.param(["broker_path.py", "--messages", "2000"], "us CPU per message", id="broker_path"),
+    pytest.param(
+        ["broker_path.py", "--messages", "1000", "--persistent", "--latency-hops"],
+        "fsync",
+        id="broker_path_hops",
+    ),
     pytest.param(["stomp_codec.py", "--frames", "2000"], "encode:", id="stomp_codec"),
     pytest.param(
         ["journal_store.py", "adds", "--seconds", "0.2"], "adds/sync=", id="journal_store"

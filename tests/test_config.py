@@ -1,4 +1,5 @@
-"""Configuration: the disk settings of [store], their checks, and the old names they replace."""
+"""Configuration: the disk settings of [store], their checks, and the old names they replace;
+[auth], [[acl]], [[listeners]] and [latency]."""
 
 from __future__ import annotations
 
@@ -217,3 +218,35 @@ def test_stomp_from_the_command_line_conflicts_with_listeners(tmp_path: Path) ->
     path.write_text("[[listeners]]\nport = 2\n")
     with pytest.raises(ConfigError, match="--stomp"):
         config_mod.load(path, env={}, overrides={"stomp": {"port": 0}})
+
+
+# -- [latency] ------------------------------------------------------------------------------------
+
+
+def test_latency_hops_are_off_by_default_and_read_from_toml_and_environment(
+    tmp_path: Path,
+) -> None:
+    assert config_mod.load(env={}).latency == config_mod.LatencySettings(False, None)
+    path = tmp_path / "sluice.toml"
+    path.write_text('[store]\nkind = "journal"\n[latency]\nhops = true\nhops_file = "h.json"\n')
+    cfg = config_mod.load(path, env={})
+    assert cfg.latency.hops
+    assert cfg.latency.hops_file == Path("h.json")
+    env = {"SLUICE_LATENCY__HOPS_FILE": "/tmp/other.json"}
+    assert config_mod.load(path, env=env).latency.hops_file == Path("/tmp/other.json")
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ('[latency]\nhops_file = "h.json"\n', "only with latency.hops = true"),
+        ('[store]\nkind = "memory"\n[latency]\nhops = true\n', "needs store.kind = 'journal'"),
+        ('[latency]\nhops = "often"\n', "invalid value 'often' for hops"),
+        ("[latency]\nevery = 2\n", "unknown setting 'every'"),
+    ],
+)
+def test_bad_latency_settings_are_refused(tmp_path: Path, text: str, complaint: str) -> None:
+    path = tmp_path / "sluice.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=complaint):
+        config_mod.load(path, env={})

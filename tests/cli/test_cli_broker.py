@@ -1,13 +1,17 @@
 """`sluice broker --store memory|journal --data DIR`: the flags win over the configuration file,
-and a journal broker keeps what `sluice send --persistent` was told is stored, across a kill."""
+and a journal broker keeps what `sluice send --persistent` was told is stored, across a kill;
+`--latency-hops-file` reports on SIGUSR1 and at stop."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
 
 from brokerproc import BrokerProcess
+from sluice.client import BlockingClient
+from waiting import wait_until
 
 from .conftest import sluice, stderr_lines
 
@@ -100,3 +104,24 @@ def test_a_broker_whose_stop_hangs_still_exits_soon_after_sigterm(tmp_path: Path
     assert broker.stop() == 1  # already gone: this only collects the rest of its log
     assert took < 10.0, took
     assert "did not stop within 8 s; exiting now" in broker.log_text
+
+
+def test_latency_hops_are_reported_on_sigusr1_and_at_stop(tmp_path: Path) -> None:
+    config = f'[store]\nkind = "journal"\ndata_dir = "{tmp_path / "data"}"\n{SMALL_FILES}'
+    report = tmp_path / "hops.json"
+    broker = BrokerProcess(config, tmp_path, "--latency-hops-file", str(report)).start()
+    try:
+        with BlockingClient(_address(broker)) as client:
+            for i in range(5):
+                client.send("/queue/hops", b"%d" % i, persistent=True)
+        assert broker.proc is not None
+        broker.proc.send_signal(signal.SIGUSR1)
+        wait_until(report.exists, what="the report written on SIGUSR1")
+        assert json.loads(report.read_text())["sends"] == 5
+        with BlockingClient(_address(broker)) as client:
+            client.send("/queue/hops", b"one more", persistent=True)
+    finally:
+        assert broker.stop() == 0
+    assert json.loads(report.read_text())["sends"] == 6
+    assert "latency of 6 persistent SENDs" in broker.log_text
+    assert "fsync" in broker.log_text

@@ -1,10 +1,11 @@
 """`sluice broker`: run the broker until SIGINT or SIGTERM; SIGHUP reloads the users file and
-the `[[acl]]` rules."""
+the `[[acl]]` rules; with `--latency-hops`, SIGUSR1 reports the per-hop latency so far."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -51,6 +52,10 @@ def _broker_config(args: argparse.Namespace) -> config_mod.Config:
         store["repair"] = True
     if store:
         overrides["store"] = store
+    if args.latency_hops or args.latency_hops_file is not None:
+        overrides["latency"] = {"hops": True}
+        if args.latency_hops_file is not None:
+            overrides["latency"]["hops_file"] = str(args.latency_hops_file)
     return config_mod.load(args.config, overrides=overrides)
 
 
@@ -81,6 +86,7 @@ def _run_broker(args: argparse.Namespace) -> int:
             except BaseException:
                 await server.stop()
                 raise
+        _freeze_startup_objects()
         # Until here a signal ends the process at once (a start is recovery: nothing to lose);
         # from the line that says the broker listens, it stops the broker cleanly.
         stop = asyncio.Event()
@@ -88,6 +94,8 @@ def _run_broker(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, _reload, args, server)
+        if server.latency is not None:
+            loop.add_signal_handler(signal.SIGUSR1, server.report_latency)
         if management is not None:
             print(f"sluice management API on {management.url}", file=sys.stderr, flush=True)
         print(
@@ -113,6 +121,18 @@ def _run_broker(args: argparse.Namespace) -> int:
 
     asyncio.run(serve())
     return ExitCode.OK
+
+
+def _freeze_startup_objects() -> None:
+    """Move what the start built (modules, configuration, the recovered state) out of the cyclic
+    garbage collector's sight. A full collection visits every tracked object, and the start
+    leaves tens of thousands that live as long as the process: scanning them cost about 20 ms
+    of CPU per full collection, a pause of the event loop at a moment nobody chooses. What the
+    broker builds per message holds no reference cycles, so reference counting frees it as
+    before; only a cycle among the frozen objects would never be collected."""
+    gc.collect()
+    gc.freeze()
+    log.info("%d objects of the start frozen out of garbage collection", gc.get_freeze_count())
 
 
 def _reload(args: argparse.Namespace, server: Any) -> None:
@@ -158,4 +178,16 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
     b.add_argument("--data", type=Path, help="data directory of the journal store")
     b.add_argument("--store", choices=["memory", "journal"], help="message store")
     b.add_argument("--repair", action="store_true", help="skip damaged journal records on start")
+    b.add_argument(
+        "--latency-hops",
+        action="store_true",
+        help="time every persistent SEND with a receipt hop by hop, from its first byte read to "
+        "its RECEIPT written; the histograms are logged at stop and on SIGUSR1 (journal store)",
+    )
+    b.add_argument(
+        "--latency-hops-file",
+        type=Path,
+        metavar="FILE",
+        help="also write them to FILE as JSON (implies --latency-hops)",
+    )
     return {"broker": _run_broker}

@@ -23,6 +23,7 @@ from sluice.config.settings import (
     DestinationPolicy,
     HeartBeatSettings,
     HttpSettings,
+    LatencySettings,
     Limits,
     Listener,
     StoreConfig,
@@ -38,6 +39,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "policy": DestinationPolicy,
     "store": StoreConfig,
     "http": HttpSettings,
+    "latency": LatencySettings,
 }
 
 
@@ -76,6 +78,8 @@ def _coerce(cls: type[Any], name: str, raw: Any, where: str) -> Any:
         raise ConfigError(f"{where}: unknown setting {name!r}")
     default = getattr(cls(), name)
     try:
+        if default is None and fields[name].type == "Path | None":
+            return Path(raw)
         if isinstance(default, bool):
             return _parse_bool(raw)
         if isinstance(default, enum.Enum):

@@ -298,6 +298,16 @@ class DestinationOverride:
 
 
 @dataclass(frozen=True)
+class LatencySettings:
+    """`[latency]`: measuring where a persistent SEND's time goes, hop by hop (`hops`), from its
+    first byte read to its RECEIPT written; the histograms are logged when the broker stops (or
+    on SIGUSR1) and written as JSON to `hops_file` when given. Needs the journal store."""
+
+    hops: bool = False
+    hops_file: Path | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole broker configuration."""
 
@@ -312,6 +322,7 @@ class Config:
     auth: AuthSettings = field(default_factory=AuthSettings)
     acl: tuple[AclRule, ...] = ()
     http: HttpSettings = field(default_factory=HttpSettings)
+    latency: LatencySettings = field(default_factory=LatencySettings)
     broker_name: str = "sluice"
     use_uvloop: bool = True
 
@@ -366,7 +377,17 @@ class Config:
         if lim.login_lockout_failures < 1:
             raise ConfigError("limits.login_lockout_failures must be at least 1")
         self._check_anonymous()
+        self._check_latency()
         return self
+
+    def _check_latency(self) -> None:
+        latency = self.latency
+        if latency.hops_file is not None and not latency.hops:
+            raise ConfigError("latency.hops_file is written only with latency.hops = true")
+        if latency.hops and self.store.kind is not StoreKind.JOURNAL:
+            raise ConfigError(
+                "latency.hops times the journal writer's hops: it needs store.kind = 'journal'"
+            )
 
     def _check_listeners(self) -> None:
         seen: set[tuple[str, int]] = set()

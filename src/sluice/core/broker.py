@@ -173,6 +173,8 @@ class Broker:
         # The counts of destinations removed since the start, so that totals never go down.
         self._removed_totals = Totals()
         self.started_ms = self._now_ms()
+        # More counters and gauges for `snapshot`, from around the core (the server's latency).
+        self.snapshot_sources: list[Callable[[], dict[str, int]]] = []
 
     # -- services for destinations ------------------------------------------------------------
 
@@ -719,6 +721,8 @@ class Broker:
         out["pending_writes"] = self.pending_writes
         out["store_failed"] = int(self.store_failed)
         out["destinations"] = len(self.destinations)
+        for source in self.snapshot_sources:
+            out.update(source())
         return out
 
 

@@ -22,8 +22,10 @@ from sluice.core.broker import Broker
 from sluice.core.views import ConnectionView
 from sluice.server.context import Authenticator, Guard, LiveSession, SessionContext
 from sluice.server.handshake import TlsListener
+from sluice.server.hops import HopRecorder
 from sluice.server.inbound import InboundBudget, MemoryTrim
 from sluice.server.session import StompSession
+from sluice.server.traced import TracedStompSession
 from sluice.stomp.codec import StompLimits
 from sluice.store.api import MessageStore
 
@@ -133,6 +135,11 @@ class BrokerServer:
         self.port = 0
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_interval_s = _deadline_interval_s(config)
+        # Per-hop latency of persistent sends (`[latency] hops`); None when off.
+        self.latency: HopRecorder | None = None
+        if config.latency.hops:
+            self.latency = HopRecorder()
+            self.broker.snapshot_sources.append(self.latency.snapshot)
 
     @staticmethod
     def _login_executor() -> ThreadPoolExecutor:
@@ -198,7 +205,19 @@ class BrokerServer:
         return False
 
     def _new_session(self) -> StompSession:
+        if self.latency is not None:
+            return TracedStompSession(self.context, self.latency)
         return StompSession(self.context)
+
+    def report_latency(self) -> None:
+        """Log the per-hop latency of persistent sends so far, and write it to
+        `[latency] hops_file` when given (at stop, and on SIGUSR1)."""
+        if self.latency is None:
+            return
+        self.latency.log_report()
+        path = self.config.latency.hops_file
+        if path is not None:
+            self.latency.write(path)
 
     async def _listen(self, bound: BoundListener) -> None:
         host, port = bound.listener.host, bound.listener.port
@@ -240,6 +259,14 @@ class BrokerServer:
             ", ".join(str(bound) for bound in self.listeners),
             self.config.store.kind.value,
         )
+        if self.latency is not None:
+            log.info(
+                "timing the hops of every persistent SEND with a receipt; reported at stop "
+                "and on SIGUSR1%s",
+                f" (JSON in {self.config.latency.hops_file})"
+                if self.config.latency.hops_file is not None
+                else "",
+            )
 
     def _close_listeners(self) -> None:
         for bound in self.listeners:
@@ -288,6 +315,7 @@ class BrokerServer:
                 stats.get("sends_refused_store_full", 0) + stats.get("sends_refused_temp_full", 0),
                 stats.get("store_no_space_errors", 0),
             )
+        self.report_latency()
         log.info("sluice stopped")
 
 

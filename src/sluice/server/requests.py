@@ -11,6 +11,7 @@ creates one `Requests` when CONNECT is accepted and hands it what it may use, ex
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from types import MethodType
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -21,6 +22,7 @@ from sluice.core.topic import Topic
 from sluice.errors import DiskFullError, RequestError
 from sluice.server.access import SessionAccess
 from sluice.server.context import CloseReason
+from sluice.server.hops import HopRecorder, ReadStamps, TracedReceiptQueue
 from sluice.server.outbound import Outbound
 from sluice.server.receipts import (
     PendingReceipt,
@@ -32,6 +34,7 @@ from sluice.server.receipts import (
 from sluice.server.translate import build_message, parse_subscribe
 from sluice.stomp.encoding import escape_value
 from sluice.stomp.frames import Command, Frame, Version
+from sluice.store.api import TimedWriteHandle
 
 if TYPE_CHECKING:
     from sluice.store.api import WriteHandle
@@ -60,6 +63,7 @@ class Requests:
         "_fail",
         "_guard",
         "_receipts",
+        "_tracing",
         "_version",
         "access",
         "handlers",
@@ -100,6 +104,17 @@ class Requests:
         self.handlers: dict[Command, Callable[[Frame, str | None], None]] = {
             command: MethodType(handler, self) for command, handler in self._handlers.items()
         }
+        # Set by `trace_sends`.
+        self._tracing: tuple[ReadStamps, TracedReceiptQueue, HopRecorder] | None = None
+
+    def trace_sends(
+        self, reads: ReadStamps, receipts: TracedReceiptQueue, recorder: HopRecorder
+    ) -> None:
+        """Stamp the persistent SENDs with a receipt outside a transaction along their hops
+        (`hops.py`): `reads` says when their first byte was read, `receipts` (this session's
+        receipt queue) hands them to the outbound with their RECEIPT."""
+        self._tracing = (reads, receipts, recorder)
+        self.handlers[Command.SEND] = self._on_traced_send
 
     # -- frame handlers -------------------------------------------------------------------------
 
@@ -127,6 +142,44 @@ class Requests:
             self._core.send(message, _ignore, txid)
             if receipt is not None:
                 self.receipt(receipt)
+
+    def _on_traced_send(self, frame: Frame, receipt: str | None) -> None:
+        """`_on_send` (keep them in step), with the stamps of a persistent SEND that asks for a
+        receipt outside a transaction."""
+        handled_ns = time.perf_counter_ns()
+        tracing = self._tracing
+        assert tracing is not None
+        reads, receipts, recorder = tracing
+        if receipt is None or "transaction" in frame.headers:
+            self._on_send(frame, receipt)
+            return
+        read_ns = reads.frame_ns
+        if not self._guard.access.open:
+            self.access.check_use(frame.headers["destination"], Permission.WRITE)
+        broker = self._broker
+        message = build_message(frame, broker.new_message_id(), broker.now_ms())
+        if not message.persistent:
+            self._core.send(message, _ignore, None)
+            self.receipt(receipt)
+            return
+        entry = self._receipts.add(receipt, done=False)
+
+        def stored(handle: WriteHandle | None) -> None:
+            completed_ns = time.perf_counter_ns()
+            error = handle.error if handle is not None else None
+            if error is not None:
+                full = isinstance(error, DiskFullError)
+                reason = CloseReason.STORE_FULL if full else CloseReason.STORE_FAILURE
+                self._receipt_failed(entry, not_stored_message(error), reason)
+                return
+            if isinstance(handle, TimedWriteHandle) and handle.batch is not None:
+                receipts.completed(entry, (read_ns, handled_ns, handle, completed_ns))
+            else:
+                recorder.untimed += 1
+            entry.done = True
+            self.flush_receipts()
+
+        self._core.send(message, stored, None)
 
     def _on_subscribe(self, frame: Frame, receipt: str | None) -> None:
         core = self._core

@@ -72,7 +72,6 @@ class StompSession(asyncio.Protocol):
         self.broker = context.broker
         self.config = context.config
         self.loop = context.loop
-        limits = self.config.limits
         self.stomp = StompConnection(
             Role.SERVER,
             context.stomp_limits,
@@ -82,11 +81,9 @@ class StompSession(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.core: BrokerConnection | None = None
         self.flow = FlowControl(self._pause_reading, self._resume_reading)
-        self.outbound = Outbound(self.loop, limits.write_buffer_high_bytes, self._sent)
+        self.outbound = self._new_outbound()
         # Receipts wait in order behind the persistent sends before them.
-        self._receipts = ReceiptQueue(
-            limits.max_pending_receipts_per_connection, self.flow, self.broker.count
-        )
+        self._receipts = self._new_receipt_queue()
         # The CONNECT deadline, then a refused login's delay; heart-beats have their own timer.
         self._timer: asyncio.TimerHandle | None = None
         self._slow_timer: asyncio.TimerHandle | None = None
@@ -493,6 +490,15 @@ class StompSession(asyncio.Protocol):
                 self._denied(AccessDeniedError(name, Permission.READ.value, user), None)
                 return True
         return False
+
+    # -- parts a traced session replaces (`traced.py`) ------------------------------------------
+
+    def _new_outbound(self) -> Outbound:
+        return Outbound(self.loop, self.config.limits.write_buffer_high_bytes, self._sent)
+
+    def _new_receipt_queue(self) -> ReceiptQueue:
+        limit = self.config.limits.max_pending_receipts_per_connection
+        return ReceiptQueue(limit, self.flow, self.broker.count)
 
     # -- requests (the frames after CONNECT) ----------------------------------------------------
 

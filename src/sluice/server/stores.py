@@ -53,6 +53,10 @@ def open_stores(config: Config) -> tuple[MessageStore, MessageStore | None]:
 
     check_disk_space(config)
 
-    store = JournalStore(config.store, dedup_window=config.limits.dedup_window)
+    store = JournalStore(
+        config.store,
+        dedup_window=config.limits.dedup_window,
+        time_writes=config.latency.hops,
+    )
     temp_config = dataclasses.replace(config.store, data_dir=config.store.data_dir / "tmp")
     return store, JournalStore(temp_config, temporary=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -124,6 +125,40 @@ class WriteHandle:
 
     def __repr__(self) -> str:
         return f"<WriteHandle {self.state.name} {self.size}B>"
+
+
+class BatchTimes:
+    """When the journal writer moved one batch along (`time.perf_counter_ns`): it took the batch
+    from its queue, began writing its bytes (its records framed), had written them, had synced
+    them (`written_ns` when the sync policy does not sync each batch). Shared by the batch's
+    timed handles; stamped on the writer thread before the handles go to the sink."""
+
+    __slots__ = ("synced_ns", "taken_ns", "write_ns", "written_ns")
+
+    def __init__(self, taken_ns: int) -> None:
+        self.taken_ns = taken_ns
+        self.write_ns = taken_ns
+        self.written_ns = taken_ns
+        self.synced_ns = taken_ns
+
+
+class TimedWriteHandle(WriteHandle):
+    """A handle of a store asked to time its writes (`time.perf_counter_ns`): when `add` began
+    (`added_ns`, set here), when the op was queued for the writer (`queued_ns`), and the batch it
+    was written in (`batch`, None until written: a cancelled or failed write has none)."""
+
+    __slots__ = ("added_ns", "batch", "queued_ns")
+
+    def __init__(
+        self,
+        on_complete: Callable[[WriteHandle], None] | None,
+        size: int = 0,
+        lock: threading.Lock | None = None,
+    ) -> None:
+        self.added_ns = time.perf_counter_ns()
+        super().__init__(on_complete, size, lock)
+        self.queued_ns = self.added_ns
+        self.batch: BatchTimes | None = None
 
 
 CompletionSink = Callable[[Sequence[WriteHandle]], None]

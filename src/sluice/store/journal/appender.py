@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 
 from sluice.errors import DiskFullError, StoreError
-from sluice.store.api import StoreStats
+from sluice.store.api import BatchTimes, StoreStats
 from sluice.store.journal import format as fmt
 from sluice.store.journal.files import HeadFile
 from sluice.store.journal.ops import Op
@@ -46,8 +46,9 @@ class Appender:
         self.last_sync_s = time.monotonic()
         self._cleanups: list[Cleanup] = []
 
-    def write(self, ops: Sequence[Op]) -> None:
-        """Append the ops' records, rolling over as needed; sets each op's location.
+    def write(self, ops: Sequence[Op], times: BatchTimes | None = None) -> None:
+        """Append the ops' records, rolling over as needed; sets each op's location. With
+        `times`, stamps when the records are framed and writing begins.
 
         Where the records go is worked out first; when they need the next data file, it is
         prepared before anything is written, so `DiskFullError` means nothing was written. A
@@ -70,6 +71,8 @@ class Appender:
             segments[-1].append(header)
             segments[-1].extend(op.parts)
             pos += length
+        if times is not None:
+            times.write_ns = time.perf_counter_ns()
         if len(segments) > 1:
             head.prepare_next()
         written = False
@@ -108,8 +111,9 @@ class Appender:
             assert op.location is not None
             assert op.record is not None
             apply(op.rtype, op.record, *op.location)
-            if op.cleanup is not None:
-                self._cleanups.append(op.cleanup)
+            cleanup = op.take_cleanup()
+            if cleanup is not None:
+                self._cleanups.append(cleanup)
 
     def write_durable(self, ops: Sequence[Op]) -> None:
         """Write, sync and apply internal ops (compaction copies, FILES_RETIRED records)."""

@@ -40,6 +40,13 @@ class Op:
         # back if the remove is never written.
         self.replaced: Op | None = None
 
+    def take_cleanup(self) -> Cleanup | None:
+        """The overlay cleanup, which the op then lets go of. An add's cleanup names the op
+        itself (the overlay entry to drop): kept on the op, the two would form a reference
+        cycle per message, which only the cyclic garbage collector frees."""
+        cleanup, self.cleanup = self.cleanup, None
+        return cleanup
+
     @classmethod
     def of(cls, record: fmt.Record, handle: WriteHandle | None = None) -> Op:
         """An op for any record but ADD."""

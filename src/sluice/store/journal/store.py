@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ from sluice.store.api import (
     Recovery,
     StoredMessage,
     StoreStats,
+    TimedWriteHandle,
     WriteHandle,
     WriteState,
 )
@@ -73,7 +75,9 @@ class _Tx:
 
 class JournalStore:
     """The journal store. `temporary=True` makes a spool for non-persistent messages: the
-    directory is cleared at open, nothing is synced, nothing archived."""
+    directory is cleared at open, nothing is synced, nothing archived. `time_writes=True` makes
+    `add` return `TimedWriteHandle`s, stamped as they go through the store and the writer (the
+    broker's per-hop latency; the cost of one test per add when off)."""
 
     pages_to_disk = True
 
@@ -83,6 +87,7 @@ class JournalStore:
         *,
         dedup_window: int = DEFAULT_DEDUP_WINDOW,
         temporary: bool = False,
+        time_writes: bool = False,
     ) -> None:
         if temporary:
             config = dataclasses.replace(config, sync=SyncPolicy.NEVER, archive=False)
@@ -101,6 +106,8 @@ class JournalStore:
         self._index: Index | None = None
         self._prealloc: Preallocator | None = None
         self._reader = FileReader(self.journal_dir)
+        self._timed = time_writes
+        self._new_handle: type[WriteHandle] = TimedWriteHandle if time_writes else WriteHandle
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -144,6 +151,7 @@ class JournalStore:
             store_reader=self._reader,
             journal_dir=self.journal_dir,
             archive_dir=self.config.data_dir / "archive",
+            timed=self._timed,
         )
         self._writer.start()
         log.info(
@@ -209,7 +217,7 @@ class JournalStore:
     ) -> WriteHandle:
         """Queue the message's ADD record; visible to `load` at once (at commit if transacted)."""
         writer = self._w
-        handle = WriteHandle(on_complete, message.size, self._lock)
+        handle = self._new_handle(on_complete, message.size, self._lock)
         if txid is None:
             prefix, body, meta = fmt.encode_add(message)
             op = Op(fmt.RecordType.ADD, meta, [prefix, body], handle)
@@ -217,6 +225,8 @@ class JournalStore:
             with self._lock:
                 self._overlay.put(message.destination, message.seq, op)
                 writer.submit(op)
+                if self._timed:
+                    _stamp_queued(handle)
             return handle
         tx = self._tx(txid)
         prefix, body, meta = fmt.encode_add(message, tx.txno, len(tx.adds))
@@ -575,3 +585,9 @@ class JournalStore:
         """(file, offset) where the next record goes."""
         head = self._w.head
         return head.file_no, head.offset
+
+
+def _stamp_queued(handle: WriteHandle) -> None:
+    """The op is in the writer's queue (stamped under the lock the writer takes it with)."""
+    assert isinstance(handle, TimedWriteHandle)
+    handle.queued_ns = time.perf_counter_ns()

@@ -36,7 +36,14 @@ from pathlib import Path
 
 from sluice.config import StoreConfig, SyncPolicy
 from sluice.errors import DiskFullError, StoreError
-from sluice.store.api import CompletionSink, StoreStats, WriteHandle, WriteState
+from sluice.store.api import (
+    BatchTimes,
+    CompletionSink,
+    StoreStats,
+    TimedWriteHandle,
+    WriteHandle,
+    WriteState,
+)
 from sluice.store.journal import format as fmt
 from sluice.store.journal.appender import Appender
 from sluice.store.journal.files import FileReader, HeadFile
@@ -90,8 +97,12 @@ class Writer:
         store_reader: FileReader,
         journal_dir: Path,
         archive_dir: Path,
+        timed: bool = False,
     ) -> None:
         self.config = config
+        # Stamp each batch's progress on its timed handles (`BatchTimes`): the broker's
+        # per-hop latency of persistent sends.
+        self.timed = timed
         self.durable = durable
         self.state = state
         self.head = head
@@ -239,12 +250,14 @@ class Writer:
                     if timeout <= 0:
                         break
                     self.cond.wait(timeout)
+                # Under the lock the loop queues with: never before an op's `queued_ns`.
+                taken_ns = time.perf_counter_ns() if self.timed else 0
                 batch = self._take()
                 cursors, self.cursors = self.cursors, {}
                 requests, self._requests = self._requests, []
                 finishing = self._closing and not self.queue
             if batch or cursors:
-                self._process(batch, cursors)
+                self._process(batch, cursors, taken_ns)
             self._timers()
             for req in requests:
                 self._serve(req)
@@ -304,7 +317,9 @@ class Writer:
 
     # -- batches -----------------------------------------------------------------------------------
 
-    def _process(self, batch: list[Op], cursors: dict[tuple[str, str], int]) -> None:
+    def _process(
+        self, batch: list[Op], cursors: dict[tuple[str, str], int], taken_ns: int = 0
+    ) -> None:
         handles: list[WriteHandle] = []
         ops: list[Op] = []
         for op in batch:
@@ -319,10 +334,15 @@ class Writer:
         if self.failed is not None:
             self._fail_ops(ops, handles, self.failed)
             return
+        times = BatchTimes(taken_ns) if self.timed else None
         try:
-            self._appender.write(ops)
+            self._appender.write(ops, times)
+            if times is not None:
+                times.written_ns = times.synced_ns = time.perf_counter_ns()
             if self.config.sync is SyncPolicy.ALWAYS and self.durable:
                 self._appender.sync()
+                if times is not None:
+                    times.synced_ns = time.perf_counter_ns()
         except DiskFullError as exc:
             if _refusable(ops):
                 # Raised before anything of the batch was written, and every op's requester
@@ -346,6 +366,8 @@ class Writer:
                     handle.state = WriteState.WRITTEN
             self.stats.written_records += len(ops)
             self.stats.batches += 1
+        if times is not None:
+            _stamp_written(handles, times)
         self._deliver(handles)
         self._appender.apply(ops)
 
@@ -396,7 +418,8 @@ class Writer:
                 if not handle.done:
                     handle.state = WriteState.FAILED
                     handle.error = error
-            self.overlay.drop([op.cleanup for op in ops if op.cleanup is not None])
+            cleanups = [op.take_cleanup() for op in ops]
+            self.overlay.drop([cleanup for cleanup in cleanups if cleanup is not None])
             for op in ops:
                 # A remove that was not written hides its message no longer.
                 replaced = op.replaced
@@ -430,6 +453,13 @@ class Writer:
                 continue
             handles = [op.handle for op in batch if op.handle is not None]
             self._fail_ops(batch, handles, self.failed)
+
+
+def _stamp_written(handles: Sequence[WriteHandle], times: BatchTimes) -> None:
+    """Give the batch's timed handles that were written their batch's times."""
+    for handle in handles:
+        if isinstance(handle, TimedWriteHandle) and handle.state is WriteState.WRITTEN:
+            handle.batch = times
 
 
 def _refusable(ops: Sequence[Op]) -> bool:
