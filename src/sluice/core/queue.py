@@ -85,6 +85,12 @@ class _Verdict(enum.Enum):
     STOP = "stop"  # nothing after it may go in this pass
 
 
+# The verdicts as module names: on Python 3.11 reading an enum member through its class costs
+# several times a global read, and the dispatch pass reads them for every message.
+_DELIVER, _EXPIRED, _DISCARD = _Verdict.DELIVER, _Verdict.EXPIRED, _Verdict.DISCARD
+_HOPELESS, _SKIP, _WAIT, _STOP = _Verdict.HOPELESS, _Verdict.SKIP, _Verdict.WAIT, _Verdict.STOP
+
+
 # A browse reads at most this much of the store at a time.
 _BROWSE_BYTES = 64 << 20
 
@@ -663,7 +669,7 @@ class Queue(QueuePaging):
             if scanned >= SCAN_LIMIT or p.delivered >= DELIVER_LIMIT or not ready:
                 break
             verdict, sub = self._verdict(message, p)
-            if verdict is _Verdict.DELIVER:
+            if verdict is _DELIVER:
                 assert sub is not None
                 p.taken.append(key)
                 p.delivered += 1
@@ -672,15 +678,15 @@ class Queue(QueuePaging):
                     ready.remove(sub)
                     if self._rr >= len(ready):
                         self._rr = 0
-            elif verdict is _Verdict.STOP:
+            elif verdict is _STOP:
                 break
-            elif verdict is _Verdict.EXPIRED:
+            elif verdict is _EXPIRED:
                 p.expired.append((key, message))
-            elif verdict is _Verdict.DISCARD:
+            elif verdict is _DISCARD:
                 p.discarded.append((key, message))
-            elif verdict is _Verdict.HOPELESS:
+            elif verdict is _HOPELESS:
                 p.hopeless.append((key, message))
-            elif verdict is _Verdict.SKIP:
+            elif verdict is _SKIP:
                 p.skipped.append((key, message))
         self._finish_pass(p)
 
@@ -688,19 +694,19 @@ class Queue(QueuePaging):
         """What this pass does with `message` (and to whom it goes). Only messages in the store
         may be evicted, so a verdict to evict is WAIT for the others."""
         if message.expires_ms and message.expired(p.now_ms):
-            return _Verdict.EXPIRED, None
+            return _EXPIRED, None
         group_id = message.group_id
         discarding = self.streams.discarded
         if discarding and group_id in discarding:
-            return _Verdict.DISCARD, None
+            return _DISCARD, None
         evicted = self._evicted
         if group_id is not None and evicted and evicted.blocks(group_id, message.seq):
-            return (_Verdict.HOPELESS if message.in_store else _Verdict.WAIT), None
+            return (_HOPELESS if message.in_store else _WAIT), None
         seq = message.seq
         if seq > self.marks.clear_to and not self.marks.allows(seq):
-            return _Verdict.WAIT, None
+            return _WAIT, None
         if p.held and group_id in p.held:
-            return (_Verdict.SKIP if message.in_store else _Verdict.WAIT), None
+            return (_SKIP if message.in_store else _WAIT), None
         sub = self._choose(message, p.ready)
         # Round robin chose among those it fits; a group's owner or an exclusive consumer was
         # chosen without looking at its credit.
@@ -709,20 +715,20 @@ class Queue(QueuePaging):
             # Not within its consumer's byte credit: nothing after it of its group (or of the
             # queue, for an exclusive consumer) may overtake it.
             if group_id is None or self.exclusive_owner is not None:
-                return _Verdict.STOP, None
+                return _STOP, None
             p.held.add(group_id)
             sub = None
         if sub is not None:
-            return _Verdict.DELIVER, sub
+            return _DELIVER, sub
         if not (self._has_selectors or group_id is not None or self.exclusive_owner is not None):
             # Without selectors, groups or an exclusive owner, a message nobody takes means
             # nobody can take any.
-            return _Verdict.STOP, None
+            return _STOP, None
         if not message.in_store:
-            return _Verdict.WAIT, None
+            return _WAIT, None
         if group_id is not None and self.exclusive_owner is None and group_id not in self.groups:
-            return _Verdict.HOPELESS, None  # its group waits for a consumer with room for it
-        return _Verdict.SKIP, None
+            return _HOPELESS, None  # its group waits for a consumer with room for it
+        return _SKIP, None
 
     def _finish_pass(self, p: _Pass) -> None:
         """Remove what was delivered, dead-letter what expired or was discarded, evict from

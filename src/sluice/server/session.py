@@ -51,6 +51,10 @@ from sluice.stomp.negotiation import UnsupportedVersionError
 
 log = logging.getLogger(__name__)
 
+# Read for every frame, as module names: on Python 3.11 an enum member read through its class
+# costs several times a global read.
+_CONNECT, _STOMP = Command.CONNECT, Command.STOMP
+
 
 _FLOW_TO_PAUSE = {
     FlowReason.MEMORY: ReadPause.MEMORY,
@@ -279,7 +283,7 @@ class StompSession(asyncio.Protocol):
 
     def _handle(self, frame: Frame) -> None:
         command = frame.command
-        if command is Command.CONNECT or command is Command.STOMP:
+        if command is _CONNECT or command is _STOMP:
             self._on_connect(frame)
             return
         requests = self.requests

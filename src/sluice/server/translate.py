@@ -37,6 +37,10 @@ BROKER_HEADERS = frozenset(
 
 DEFAULT_PRIORITY = 4
 
+# Versions as module names: on Python 3.11 reading an enum member through its class costs several
+# times a global read, and every MESSAGE frame is built with them.
+_V1_0, _V1_2 = Version.V1_0, Version.V1_2
+
 # Bodies smaller than this are copied into the frame's buffer; larger ones are written as they are.
 _COPY_BODY_BELOW = 64 * 1024
 
@@ -111,7 +115,7 @@ def build_message(frame: Frame, message_id: str, now_ms: int) -> Message:
 
 def encode_common_headers(message: Message, version: Version) -> bytes:
     """The header lines every delivery of a message shares, through the blank line."""
-    if version is Version.V1_0:
+    if version is _V1_0:
         destination, message_id = message.destination, message.message_id
     else:
         destination = _escaped_destination(message.destination, version)
@@ -127,7 +131,7 @@ def encode_common_headers(message: Message, version: Version) -> bytes:
     if message.persistent:
         text += "persistent:true\n"
     if message.headers:
-        if version is Version.V1_0:
+        if version is _V1_0:
             text += "".join(f"{k}:{v}\n" for k, v in message.headers.items())
         else:
             text += "".join(
@@ -147,14 +151,14 @@ def append_message(
 ) -> int:
     """Append one delivery's MESSAGE frame to `out`; return its size in bytes. `link_data` is
     the subscription id as the header value; `tag` 0 means no `ack` header."""
-    if version is Version.V1_0:
+    if version is _V1_0:
         common = encode_common_headers(message, version)
     elif message.wire is not None:
         common = message.wire
     else:
         # Shared by every delivery of the message: encoded once, cached on it.
         common = message.wire = encode_common_headers(message, version)
-    if tag and version is Version.V1_2:
+    if tag and version is _V1_2:
         head = b"MESSAGE\nsubscription:%b\nack:%d\nx-delivery-count:%d\n" % (
             link_data,
             tag,
@@ -178,15 +182,18 @@ def append_message(
 
 
 _DESTINATION_CACHE_SIZE = 4096
-_escaped_destinations: dict[tuple[str, Version], str] = {}
+# Escaped destination names of STOMP 1.2 and of 1.1 (1.2 escapes carriage returns too); keyed by
+# name alone, as an enum's hash is a Python call on 3.11.
+_escaped_1_2: dict[str, str] = {}
+_escaped_1_1: dict[str, str] = {}
 
 
 def _escaped_destination(name: str, version: Version) -> str:
     # Destinations repeat: escape each once (a bounded cache, cleared when full).
-    key = (name, version)
-    escaped = _escaped_destinations.get(key)
+    cache = _escaped_1_2 if version is _V1_2 else _escaped_1_1
+    escaped = cache.get(name)
     if escaped is None:
-        if len(_escaped_destinations) >= _DESTINATION_CACHE_SIZE:
-            _escaped_destinations.clear()
-        escaped = _escaped_destinations[key] = escape_value(name, version)
+        if len(cache) >= _DESTINATION_CACHE_SIZE:
+            cache.clear()
+        escaped = cache[name] = escape_value(name, version)
     return escaped

@@ -82,6 +82,11 @@ class Direction(enum.Enum):
 
 
 _S = ConnState
+# Members read for every frame, as module names: on Python 3.11 reading an enum member through
+# its class costs several times a global read.
+_ERROR, _CLOSED, _CONNECTING = ConnState.ERROR, ConnState.CLOSED, ConnState.CONNECTING
+_SERVER = Role.SERVER
+_CONNECTED_FRAME, _ERROR_FRAME = Command.CONNECTED, Command.ERROR
 _CONNECTS = (Command.CONNECT, Command.STOMP)
 _CLIENT_OPERATIONS = (
     Command.SEND,
@@ -271,13 +276,11 @@ class StompConnection:
         ERROR and later calls return None (anything after it is ignored).
         """
         state = self._state
-        if state is ConnState.ERROR:
+        if state is _ERROR:
             if self._peer_sent_error:
                 return None
             raise self._failed_error()
-        if state is ConnState.CLOSED or (
-            state is ConnState.CONNECTING and self.role is Role.SERVER
-        ):
+        if state is _CLOSED or (state is _CONNECTING and self.role is _SERVER):
             return None
         try:
             event = self._parser.next_event()
@@ -289,7 +292,7 @@ class StompConnection:
                     raise self._fail(
                         RemoteProtocolError("connection closed in the middle of a frame")
                     )
-                self._set_state(ConnState.CLOSED)
+                self._set_state(_CLOSED)
             return None
         if type(event) is HeartBeat:
             return event
@@ -306,9 +309,9 @@ class StompConnection:
                     raise self._fail(
                         InvalidFrameError(missing_header_message(command, alternatives), event)
                     )
-        if command is Command.CONNECTED:
+        if command is _CONNECTED_FRAME:
             self._client_negotiate(event)
-        elif command is Command.ERROR:
+        elif command is _ERROR_FRAME:
             self._peer_sent_error = True
         elif command in self._not_in_version:
             raise self._fail(InvalidFrameError(f"{command} is not part of STOMP 1.0", event))

@@ -24,6 +24,9 @@ from sluice.stomp.frames import (
 __all__ = ["HEARTBEAT_BYTES", "assemble_frame", "encode_frame", "encode_headers", "escape_value"]
 
 HEARTBEAT_BYTES = b"\n"
+# Read for every header escaped: on Python 3.11 an enum member read through its class costs
+# several times a global read.
+_V1_1, _V1_2 = Version.V1_1, Version.V1_2
 
 
 def escape_value(value: str, version: Version) -> str:
@@ -33,7 +36,7 @@ def escape_value(value: str, version: Version) -> str:
     `LocalProtocolError` for a value the version cannot carry (a line break in 1.0, or a CR at the
     end in 1.0/1.1, which a reader would take for part of a CRLF).
     """
-    if version is Version.V1_2:
+    if version is _V1_2:
         if "\\" in value or "\r" in value or "\n" in value:
             value = (
                 value.replace("\\", "\\\\")
@@ -47,7 +50,7 @@ def escape_value(value: str, version: Version) -> str:
         return value
     if value.endswith("\r"):
         raise LocalProtocolError(f"STOMP {version.value} cannot carry a header ending in CR")
-    if version is Version.V1_1:
+    if version is _V1_1:
         if "\\" in value or "\n" in value or ":" in value:
             value = value.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
         return value
