@@ -205,7 +205,11 @@ class BrokerConnection:
             self._track_stream(destination, stream_id, closes_group(headers))
         if dedup_id is not None:
             destination.dedup.add(dedup_id)
-        broker.accept(destination, message, on_stored)
+        if persistent:
+            broker.accept(destination, message, on_stored)
+        else:
+            # Nothing to count nor to withdraw (Broker.accept's work is for persistent ones).
+            destination.accept(message, on_stored)
         return self._check_flow(destination, message)
 
     def _track_stream(self, destination: Destination, stream_id: str, ends: bool) -> None:

@@ -665,10 +665,29 @@ class Queue(QueuePaging):
         if not ready:
             return
         p = _Pass(ready, self.services.now_ms())
+        # A queue without selectors, exclusive consumer, evicted groups or discarded streams: a
+        # message without group or expiry, within the dispatch marks, goes to whom round robin
+        # picks, or nothing more can go (what `_verdict` decides for it, without the call).
+        plain = not (
+            self._has_selectors
+            or self.exclusive_owner is not None
+            or self._evicted
+            or self.streams.discarded
+        )
+        marks = self.marks
         for scanned, (key, message) in enumerate(pending.items()):
             if scanned >= SCAN_LIMIT or p.delivered >= DELIVER_LIMIT or not ready:
                 break
-            verdict, sub = self._verdict(message, p)
+            if (
+                plain
+                and message.group_id is None
+                and not message.expires_ms
+                and message.seq <= marks.clear_to
+            ):
+                sub = self._choose(message, ready)
+                verdict = _DELIVER if sub is not None else _STOP
+            else:
+                verdict, sub = self._verdict(message, p)
             if verdict is _DELIVER:
                 assert sub is not None
                 p.taken.append(key)
@@ -766,7 +785,9 @@ class Queue(QueuePaging):
             sub.link.deliver(sub, message, 0, message.delivery_count)
             self.settle(sub, message)
             return
-        tag = sub.tags.issue(sub)
+        tags = sub.tags
+        tag = tags.next_tag()
+        tags[tag] = sub
         sub.inflight[tag] = message
         sub.inflight_bytes += message.nbytes
         sub.link.deliver(sub, message, tag, message.delivery_count)

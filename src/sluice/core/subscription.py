@@ -11,6 +11,7 @@ write buffer (`Link.writable`) instead.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -120,20 +121,14 @@ class Durable:
 class DeliveryTags(dict[int, "Subscription"]):
     """A connection's delivery tags: tag -> the subscription its message went to. Numbers are
     the connection's own, from 1, so brokers and connections in one process never share a
-    counter."""
+    counter. A delivery takes `tag = tags.next_tag()` and sets `tags[tag] = sub` (the counter is
+    C code: no Python call per delivery)."""
 
-    __slots__ = ("_last",)
+    __slots__ = ("next_tag",)
 
     def __init__(self) -> None:
         super().__init__()
-        self._last = 0
-
-    def issue(self, sub: Subscription) -> int:
-        """A new tag for a delivery to `sub`."""
-        self._last += 1
-        tag = self._last
-        self[tag] = sub
-        return tag
+        self.next_tag: Callable[[], int] = itertools.count(1).__next__
 
 
 class Subscription:

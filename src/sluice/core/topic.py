@@ -398,7 +398,9 @@ class Topic(TopicLog):
             if sub.durable is not None:
                 self._advance_cursor(sub, sub.durable)
             return
-        tag = sub.tags.issue(sub)
+        tags = sub.tags
+        tag = tags.next_tag()
+        tags[tag] = sub
         sub.inflight[tag] = message
         sub.inflight_bytes += message.nbytes
         if count > 1:
