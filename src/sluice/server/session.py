@@ -7,9 +7,10 @@ Writing: frames for the peer go to its `Outbound`, written once per loop turn in
 once at the write buffer's high-water mark. Past the mark the transport pauses writing: the
 connection is then neither dispatched to nor read (`ReadPause.OUTBOUND`) until it drains.
 
-The session itself handles CONNECT, deadlines and closing. Once CONNECT is accepted, the frames
-that follow and their receipts are its `Requests` (`requests.py`); its heart-beat timer is a
-`Heartbeat` (`heartbeat.py`); MESSAGE frames are built by `translate.append_message`.
+The session itself handles deadlines and closing; CONNECT and the login are its `SessionConnect`
+half (`connect.py`). Once CONNECT is accepted, the frames that follow and their receipts are its
+`Requests` (`requests.py`); its heart-beat timer is a `Heartbeat` (`heartbeat.py`); MESSAGE
+frames are built by `translate.append_message`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import socket
 from typing import Any, cast
 
-from sluice.auth.identity import Identity, Permission, Refusal
-from sluice.auth.tls import certificate_name
+from sluice.auth.identity import Identity, Permission
 from sluice.core.connection import BrokerConnection
 from sluice.core.message import Message
 from sluice.core.services import FlowReason
@@ -38,6 +37,7 @@ from sluice.errors import (
     StoreUnavailableError,
 )
 from sluice.server.access import SessionAccess
+from sluice.server.connect import SessionConnect
 from sluice.server.context import CloseReason, SessionContext
 from sluice.server.flow import FlowControl, ReadPause
 from sluice.server.heartbeat import Heartbeat
@@ -47,7 +47,6 @@ from sluice.server.requests import Requests
 from sluice.server.translate import append_message
 from sluice.stomp.connection import ConnState, Role, StompConnection
 from sluice.stomp.frames import Command, Frame, HeartBeat, Version
-from sluice.stomp.negotiation import UnsupportedVersionError
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ class _SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         return f"[{self.extra['conn']} {self.extra['peer']}] {msg}", kwargs  # type: ignore[index]
 
 
-class StompSession(asyncio.Protocol):
+class StompSession(SessionConnect, asyncio.Protocol):
     """One client connection."""
 
     def __init__(self, context: SessionContext) -> None:
@@ -304,124 +303,6 @@ class StompSession(asyncio.Protocol):
                 reason = CloseReason.REQUEST_ERROR
             self._fail(reason, str(exc), receipt_id=receipt, frame=frame)
 
-    # -- CONNECT --------------------------------------------------------------------------------
-
-    def _on_connect(self, frame: Frame) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        # Nothing more is read until the credentials are checked (on a worker thread when the
-        # check is a password hash); frames sent behind CONNECT wait in the parser.
-        self.flow.pause(ReadPause.LOGIN)
-        guard = self.context.guard
-        args = (
-            frame.headers.get("login"),
-            frame.headers.get("passcode"),
-            self._peer_host(),
-            self._certificate_name(),
-        )
-        if guard.executor is None:
-            self._logged_in(frame, guard.authenticate(*args))
-            return
-        future = self.loop.run_in_executor(guard.executor, guard.authenticate, *args)
-
-        def done(future: asyncio.Future[Identity | Refusal]) -> None:
-            if self._closing:
-                return
-            try:
-                outcome = future.result()
-            except Exception:
-                self.log.exception("internal error while checking credentials")
-                self._fail(CloseReason.INTERNAL_ERROR, "internal error")
-                return
-            self._logged_in(frame, outcome)
-
-        future.add_done_callback(done)
-
-    def _peer_host(self) -> str:
-        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
-        return str(peer[0]) if isinstance(peer, tuple) and peer else "-"
-
-    def _certificate_name(self) -> str | None:
-        # From the TLS handshake (a verified certificate), never from a frame.
-        transport = self.transport
-        return certificate_name(transport.get_extra_info("peercert")) if transport else None
-
-    def _logged_in(self, frame: Frame, outcome: Identity | Refusal) -> None:
-        receipt = frame.headers.get("receipt")
-        if isinstance(outcome, Refusal):
-            self.broker.count(outcome.counter)
-            if outcome.locks:
-                self.broker.count("login_lockouts")
-            # The login name as sent (repr: it may hold anything), never the passcode.
-            self.log.warning("login refused for %r: %s", frame.headers.get("login"), outcome.reason)
-            # A refused login is answered late, so guessing passwords is slow.
-            self._timer = self.loop.call_later(
-                self.config.limits.login_failure_delay_s,
-                lambda: self._fail(CloseReason.AUTH_FAILED, outcome.reason, receipt_id=receipt),
-            )
-            return
-        if self._over_user_limit(outcome):
-            limit = self.config.limits.max_connections_per_user
-            self._fail(
-                CloseReason.LIMIT,
-                f"limit max_connections_per_user={limit} reached for user {outcome.user}",
-                receipt_id=receipt,
-            )
-            return
-        try:
-            self._accept(frame, outcome, receipt)
-        except UnsupportedVersionError as exc:
-            self.broker.count("protocol_errors")
-            versions = ",".join(v.value for v in exc.supported)
-            self._fail(
-                CloseReason.PROTOCOL_ERROR,
-                str(exc),
-                receipt_id=receipt,
-                headers={"version": versions},
-            )
-        except RemoteProtocolError as exc:  # a malformed heart-beat
-            self.broker.count("protocol_errors")
-            self._fail(CloseReason.PROTOCOL_ERROR, str(exc), receipt_id=receipt)
-
-    def _over_user_limit(self, identity: Identity) -> bool:
-        """Whether the user already has `max_connections_per_user` connections (counted)."""
-        limit = self.config.limits.max_connections_per_user
-        if identity.anonymous or not limit:
-            return False
-        if self.context.user_connections[identity.user] < limit:
-            return False
-        self.broker.count("limit_max_connections_per_user")
-        self.log.warning(
-            "refusing a login of %s: limit max_connections_per_user=%d", identity.user, limit
-        )
-        return True
-
-    def _accept(self, frame: Frame, identity: Identity, receipt: str | None) -> None:
-        hb = self.config.heartbeat
-        data = self.stomp.accept(
-            frame,
-            server_heartbeat=(hb.send_ms, hb.receive_ms),
-            server_name=self.context.server_name,
-            session=f"{self.context.broker_name}-{secrets.token_hex(16)}",
-        )
-        self.identity = self.access.identity = identity
-        if not identity.anonymous:
-            self.context.user_connections[identity.user] += 1
-            self._counted_user = identity.user
-            self.broker.count("logins")
-            self.log.info("logged in as %s", identity.user)
-        self._version = self.stomp.version
-        self.core = BrokerConnection(self.broker, self, frame.headers.get("client-id"))
-        self.connected_at_ms = self.broker.now_ms()
-        self.requests = self._new_requests(self.core)
-        self.broker.count("connections_accepted")
-        self.outbound.write(data)
-        self.heartbeat.arm()
-        if receipt is not None:
-            self.requests.receipt(receipt)
-        self.flow.resume(ReadPause.LOGIN)
-
     def _denied(self, exc: AccessDeniedError, receipt: str | None) -> None:
         """A refused frame: counted and logged; the receipts of earlier frames go out first (what
         they acknowledge is done), then the ERROR, then the connection closes."""
@@ -505,6 +386,10 @@ class StompSession(asyncio.Protocol):
         return ReceiptQueue(limit, self.flow, self.broker.count)
 
     # -- requests (the frames after CONNECT) ----------------------------------------------------
+
+    def _new_core(self, client_id: str | None) -> BrokerConnection:
+        """The core's side of this connection, with this session as its link."""
+        return BrokerConnection(self.broker, self, client_id)
 
     def _new_requests(self, core: BrokerConnection) -> Requests:
         """The handlers of the frames after CONNECT, with what they may use of the session."""
