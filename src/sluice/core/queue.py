@@ -33,25 +33,35 @@ destination's `stream_policy` decides: `resume` (its unacknowledged chunks go ba
 chunk delivered carries the resume mark, `x-stream-resume:true`), `restart` (every chunk since the
 start comes back, from chunk 0) or `discard` (the rest of the stream goes to the DLQ).
 
-Dispatch marks: before a message is handed to a consumer, the store must know that messages up to
-its sequence may have been delivered, so that after a crash they come back marked redelivered. The
-queue asks for marks ahead of dispatch, `MARK_STEP` sequences at a time, and dispatches only up to
-the last mark the store has confirmed.
+A dispatch pass decides a verdict per message; its limits, its verdicts and the dispatch marks
+(what the store must know before a message is handed out) are in `dispatch.py`.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedDict
 
 from sluice.config import DestinationPolicy, StreamPolicy
 from sluice.core.destination import Services
+from sluice.core.dispatch import (
+    DELIVER,
+    DELIVER_LIMIT,
+    DISCARD,
+    EXPIRED,
+    HOPELESS,
+    SCAN_LIMIT,
+    SKIP,
+    STOP,
+    WAIT,
+    DispatchMarks,
+    Pass,
+    Verdict,
+)
 from sluice.core.message import STREAM_ID, DestinationKind, Message, closes_group
 from sluice.core.paging import MAX_EVICTED, PAGE_BYTES, PAGE_MESSAGES, Evicted, QueuePaging
 from sluice.core.paging import pending_key as _key
@@ -62,34 +72,7 @@ from sluice.store.api import StoredMessage
 
 if TYPE_CHECKING:
     from sluice.core.subscription import Subscription
-    from sluice.store.api import MessageStore, WriteHandle
-
-# Messages one dispatch pass looks at, and delivers, before it yields the loop.
-SCAN_LIMIT = 4096
-DELIVER_LIMIT = 2048
-# Dispatch marks are written this many sequences ahead of dispatch.
-MARK_STEP = 1000
-# Without a store that survives restarts there is nothing to mark.
-_NO_MARKS = 1 << 62
-
-
-class _Verdict(enum.Enum):
-    """What one dispatch pass does with one pending message."""
-
-    DELIVER = "deliver"  # to the subscription chosen
-    EXPIRED = "expired"  # dead-lettered after the pass
-    DISCARD = "discard"  # its stream's consumer died (stream_policy=discard): dead-lettered
-    HOPELESS = "hopeless"  # nobody can take it before something else happens: first to evict
-    SKIP = "skip"  # not now (no credit, no selector matches): evicted only as a last resort
-    WAIT = "wait"  # stays pending, never evicted (not stored, or not yet marked dispatched)
-    STOP = "stop"  # nothing after it may go in this pass
-
-
-# The verdicts as module names: on Python 3.11 reading an enum member through its class costs
-# several times a global read, and the dispatch pass reads them for every message.
-_DELIVER, _EXPIRED, _DISCARD = _Verdict.DELIVER, _Verdict.EXPIRED, _Verdict.DISCARD
-_HOPELESS, _SKIP, _WAIT, _STOP = _Verdict.HOPELESS, _Verdict.SKIP, _Verdict.WAIT, _Verdict.STOP
-
+    from sluice.store.api import WriteHandle
 
 # A browse reads at most this much of the store at a time.
 _BROWSE_BYTES = 64 << 20
@@ -111,60 +94,6 @@ def _message_view(
         body_bytes=len(message.body),
         body_preview=bytes(message.body[:preview_bytes]),
     )
-
-
-class DispatchMarks:
-    """The store's dispatch marks for one queue (module docstring, "Dispatch marks"): which
-    sequences may be delivered now, asking for the next mark before the current one runs out."""
-
-    def __init__(self, store: MessageStore, name: str, wakeup: Callable[[], None], *, on: bool):
-        self._store = store
-        self._name = name
-        self._wakeup = wakeup
-        self.confirmed = 0 if on else _NO_MARKS
-        self._requested = self.confirmed
-        # Sequences up to here may go without a word to the store (`allows` is True for them and
-        # asks for nothing): the dispatch pass checks this first and calls `allows` past it.
-        self.clear_to = self.confirmed - MARK_STEP // 2
-
-    def allows(self, seq: int) -> bool:
-        """Whether `seq` may be delivered now; asks for marks as needed."""
-        if seq > self.confirmed:
-            if self._requested < seq:
-                self._request(seq)
-            return False
-        if self._requested <= self.confirmed and seq > self.confirmed - MARK_STEP // 2:
-            self._request(self.confirmed)  # ask for the next mark before this one runs out
-        return True
-
-    def _request(self, seq: int) -> None:
-        target = seq + MARK_STEP
-        self._requested = target
-
-        def confirmed(handle: WriteHandle) -> None:
-            if target > self.confirmed:
-                self.confirmed = target
-                self.clear_to = target - MARK_STEP // 2
-            self._wakeup()
-
-        # Completions run on the loop after this returns, so the callback is in place in time.
-        self._store.mark_dispatched(self._name, target).on_complete = confirmed
-
-
-@dataclass
-class _Pass:
-    """What one dispatch pass has decided so far."""
-
-    ready: list[Subscription]
-    now_ms: int
-    delivered: int = 0
-    taken: list[int] = field(default_factory=list)
-    expired: list[tuple[int, Message]] = field(default_factory=list)
-    discarded: list[tuple[int, Message]] = field(default_factory=list)
-    hopeless: list[tuple[int, Message]] = field(default_factory=list)
-    skipped: list[tuple[int, Message]] = field(default_factory=list)
-    # Groups whose next message waits for its consumer's credit.
-    held: set[str] = field(default_factory=set)
 
 
 class Queue(QueuePaging):
@@ -664,7 +593,7 @@ class Queue(QueuePaging):
         ready = [s for s in self.subscriptions if s.ready()]
         if not ready:
             return
-        p = _Pass(ready, self.services.now_ms())
+        p = Pass(ready, self.services.now_ms())
         # A queue without selectors, exclusive consumer, evicted groups or discarded streams: a
         # message without group or expiry, within the dispatch marks, goes to whom round robin
         # picks, or nothing more can go (what `_verdict` decides for it, without the call).
@@ -685,10 +614,10 @@ class Queue(QueuePaging):
                 and message.seq <= marks.clear_to
             ):
                 sub = self._choose(message, ready)
-                verdict = _DELIVER if sub is not None else _STOP
+                verdict = DELIVER if sub is not None else STOP
             else:
                 verdict, sub = self._verdict(message, p)
-            if verdict is _DELIVER:
+            if verdict is DELIVER:
                 assert sub is not None
                 p.taken.append(key)
                 p.delivered += 1
@@ -697,35 +626,35 @@ class Queue(QueuePaging):
                     ready.remove(sub)
                     if self._rr >= len(ready):
                         self._rr = 0
-            elif verdict is _STOP:
+            elif verdict is STOP:
                 break
-            elif verdict is _EXPIRED:
+            elif verdict is EXPIRED:
                 p.expired.append((key, message))
-            elif verdict is _DISCARD:
+            elif verdict is DISCARD:
                 p.discarded.append((key, message))
-            elif verdict is _HOPELESS:
+            elif verdict is HOPELESS:
                 p.hopeless.append((key, message))
-            elif verdict is _SKIP:
+            elif verdict is SKIP:
                 p.skipped.append((key, message))
         self._finish_pass(p)
 
-    def _verdict(self, message: Message, p: _Pass) -> tuple[_Verdict, Subscription | None]:
+    def _verdict(self, message: Message, p: Pass) -> tuple[Verdict, Subscription | None]:
         """What this pass does with `message` (and to whom it goes). Only messages in the store
         may be evicted, so a verdict to evict is WAIT for the others."""
         if message.expires_ms and message.expired(p.now_ms):
-            return _EXPIRED, None
+            return EXPIRED, None
         group_id = message.group_id
         discarding = self.streams.discarded
         if discarding and group_id in discarding:
-            return _DISCARD, None
+            return DISCARD, None
         evicted = self._evicted
         if group_id is not None and evicted and evicted.blocks(group_id, message.seq):
-            return (_HOPELESS if message.in_store else _WAIT), None
+            return (HOPELESS if message.in_store else WAIT), None
         seq = message.seq
         if seq > self.marks.clear_to and not self.marks.allows(seq):
-            return _WAIT, None
+            return WAIT, None
         if p.held and group_id in p.held:
-            return (_SKIP if message.in_store else _WAIT), None
+            return (SKIP if message.in_store else WAIT), None
         sub = self._choose(message, p.ready)
         # Round robin chose among those it fits; a group's owner or an exclusive consumer was
         # chosen without looking at its credit.
@@ -734,22 +663,22 @@ class Queue(QueuePaging):
             # Not within its consumer's byte credit: nothing after it of its group (or of the
             # queue, for an exclusive consumer) may overtake it.
             if group_id is None or self.exclusive_owner is not None:
-                return _STOP, None
+                return STOP, None
             p.held.add(group_id)
             sub = None
         if sub is not None:
-            return _DELIVER, sub
+            return DELIVER, sub
         if not (self._has_selectors or group_id is not None or self.exclusive_owner is not None):
             # Without selectors, groups or an exclusive owner, a message nobody takes means
             # nobody can take any.
-            return _STOP, None
+            return STOP, None
         if not message.in_store:
-            return _WAIT, None
+            return WAIT, None
         if group_id is not None and self.exclusive_owner is None and group_id not in self.groups:
-            return _HOPELESS, None  # its group waits for a consumer with room for it
-        return _SKIP, None
+            return HOPELESS, None  # its group waits for a consumer with room for it
+        return SKIP, None
 
-    def _finish_pass(self, p: _Pass) -> None:
+    def _finish_pass(self, p: Pass) -> None:
         """Remove what was delivered, dead-letter what expired or was discarded, evict from
         memory what the pass could not deliver when memory is full, and go on if cut short."""
         pending = self.pending

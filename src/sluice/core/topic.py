@@ -38,8 +38,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from sluice.core.dispatch import DELIVER_LIMIT
 from sluice.core.message import DestinationKind, Message
-from sluice.core.queue import DELIVER_LIMIT
 from sluice.core.subscription import Durable
 from sluice.core.topic_log import TopicLog
 from sluice.core.views import DestinationView, DurableView
