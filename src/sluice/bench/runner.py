@@ -189,12 +189,23 @@ class WorkerPool:
             worker.stop(_JOIN_S)
 
 
-def split_processes(producers: int, consumers: int, processes: int | None) -> tuple[int, int]:
+def split_processes(
+    producers: int, consumers: int, processes: int | None, *, process_per_producer: bool = False
+) -> tuple[int, int]:
     """How many worker processes run consumers and how many run producers.
 
     Producers and consumers never share a process, so one side's work does not delay the other's
     timestamps. `None` (auto) uses one process per client up to the number of CPUs (at least 2).
+    With `process_per_producer`, every producer has a process of its own, as the producers of
+    separate applications do, and the consumers get one process each up to the CPUs (auto) or
+    what `processes` leaves them (at least one).
     """
+    if process_per_producer:
+        if processes is None:
+            consumer_procs = min(consumers, max(1, os.cpu_count() or 1))
+        else:
+            consumer_procs = max(1, min(consumers, processes - producers))
+        return consumer_procs, producers
     clients = producers + consumers
     total = min(clients, max(2, os.cpu_count() or 2)) if processes is None else processes
     total = max(2, min(total, clients))
@@ -216,6 +227,8 @@ class ClientsPlan:
     producers: list[ProducerSpec]
     consumers: list[ConsumerSpec]
     processes: int | None = None
+    # Each producer in a worker process of its own (see `split_processes`).
+    process_per_producer: bool = False
     every_consumer: bool = False  # a topic: each consumer gets every message
     timeout_s: float = 300.0
     idle_timeout_s: float = 10.0
@@ -434,7 +447,10 @@ def run_clients(plan: ClientsPlan) -> ClientsOutcome:
     """Run producers and consumers in worker processes and return their results."""
     pool = WorkerPool(time.monotonic() + plan.timeout_s)
     consumer_procs, producer_procs = split_processes(
-        len(plan.producers), len(plan.consumers), plan.processes
+        len(plan.producers),
+        len(plan.consumers),
+        plan.processes,
+        process_per_producer=plan.process_per_producer,
     )
     outcome = ClientsOutcome(processes=(consumer_procs, producer_procs))
     outcome.run_cpu.start(_own_pids(pool, plan))
