@@ -34,6 +34,12 @@ SCRIPTS = [
     ),
     pytest.param(["machine.py"], "fsync", id="machine", marks=pytest.mark.slow),  # writes 1 GiB
     pytest.param(
+        ["sync_crosscheck.py", "--runs", "1", "--producers", "2", "--count", "20"],
+        "| sync-2 | sluice | stomppy | ",
+        id="sync_crosscheck",
+        marks=pytest.mark.slow,  # starts three brokers and measures the fsync rate twice
+    ),
+    pytest.param(
         ["restart.py", "--messages", "2000"],
         "disk_bytes_drained",
         id="restart",
