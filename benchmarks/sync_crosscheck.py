@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Synchronous persistent sends measured by two load generators side by side, interleaved.
 
-The generators: `sluice bench sync` (its default: each producer in a process of its own),
-`sluice bench sync --no-process-per-producer` (every producer on one shared event loop, as
-before; only where there is more than one producer), and `benchmarks/stomppy_load.py` (stomp.py,
-a client this project did not write, one blocking producer process each). All of them send
-SIZE-byte `persistent:true` messages, each SEND with a receipt and the next only after it; each
-has one consumer acknowledging cumulatively every 500 messages (prefetch 1000); each warms up with
-50 messages per producer; each reports sends per second from the first measured send to the last
-receipt, and the send-to-receipt latency.
+The generators: `bench`, `sluice bench sync` (its default: each producer in a process of its
+own); `bench-shared`, `sluice bench sync --no-process-per-producer` (every producer on one shared
+event loop, as before; only where there is more than one producer); `stomppy`,
+`benchmarks/stomppy_load.py` (stomp.py, a client this project did not write, one blocking
+producer process each); and, only when named, `stomppy-no-consumer` (the same without a
+consumer). All of them send SIZE-byte `persistent:true` messages, each SEND with a receipt and
+the next only after it; each has one consumer acknowledging cumulatively every 500 messages
+(prefetch 1000); each warms up with 50 messages per producer; each reports sends per second from
+the first measured send to the last receipt, and the send-to-receipt latency.
 
 For each run, each scenario (producer count, or a fixed rate), each broker (in an order that
 rotates) and each generator (in an order that rotates), the broker is started fresh on an empty
@@ -42,6 +43,8 @@ from compare.procs import TaskCap, run_command
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 GENERATORS = ("bench", "bench-shared", "stomppy")
+# Not run unless named: stomp.py producers with no consumer (the queue only grows).
+EXTRA_GENERATORS = ("stomppy-no-consumer",)
 _MAX_BROKER_TASKS = 16_384
 _SLACK_S = 180.0
 
@@ -55,9 +58,10 @@ def _command(
 ) -> list[str]:
     """The generator's command line, without the broker's port, pid and output file."""
     warmup = 50 * producers
-    if generator == "stomppy":
+    if generator.startswith("stomppy"):
+        consumers = "0" if generator == "stomppy-no-consumer" else "1"
         command = [sys.executable, str(HERE / "stomppy_load.py")]
-        command += ["--producers", str(producers), "--consumers", "1", "--count", str(count)]
+        command += ["--producers", str(producers), "--consumers", consumers, "--count", str(count)]
         command += ["--warmup", "50", "--size", str(args.size)]
         if args.rate:
             command += ["--rate", f"{args.rate:g}"]
@@ -78,7 +82,7 @@ def _figures(generator: str, path: Path) -> dict[str, Any] | None:
         document = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if generator == "stomppy":
+    if generator.startswith("stomppy"):
         latency = document["receipt_latency_ms"]
         return {
             "ok": bool(document.get("ok")),
@@ -128,7 +132,7 @@ def _attempt(
     try:
         out = directory / "result.json"
         command = _command(generator, args, producers, count, broker)
-        if generator == "stomppy":
+        if generator.startswith("stomppy"):
             command += ["--port", str(running.port), "--broker-pid", str(running.pid)]
         else:
             command += ["--broker", f"127.0.0.1:{running.port}", "--broker-pid", str(running.pid)]
@@ -219,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The Sluice broker started here runs this checkout, as the generators do.
     os.environ["PYTHONPATH"] = str(REPO / "src")
-    unknown = [g for g in args.generators if g not in GENERATORS]
+    known = GENERATORS + EXTRA_GENERATORS
+    unknown = [g for g in args.generators if g not in known]
     if unknown:
-        parser.error(f"unknown generator(s) {unknown}; known: {', '.join(GENERATORS)}")
+        parser.error(f"unknown generator(s) {unknown}; known: {', '.join(known)}")
     brokers = make_brokers(args.brokers, REPO)
     for broker in brokers:
         print(broker.install(Path(tempfile.gettempdir()) / f"crosscheck-{broker.name}.log"))
