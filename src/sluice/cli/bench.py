@@ -157,7 +157,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=_processes,
         default=None,
         metavar="auto|K",
-        help="worker processes (default auto: one per client, up to the CPUs, at least 2)",
+        help="worker processes (default auto: one per client, up to the CPUs, at least 2; "
+        "with --process-per-producer, one per producer and what is left for the consumers)",
     )
     g.add_argument("--connect-timeout", type=_positive_float, default=10.0, metavar="S")
     g.add_argument(
