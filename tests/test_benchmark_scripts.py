@@ -4,13 +4,17 @@ it changed would only be found by the next person measuring.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import RunningBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,6 +38,12 @@ SCRIPTS = [
         marks=pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl"),
     ),
     pytest.param(["machine.py"], "fsync", id="machine", marks=pytest.mark.slow),  # writes 1 GiB
+    pytest.param(
+        ["sync_crosscheck.py", "--runs", "1", "--producers", "2", "--count", "20"],
+        "| sync-2 | sluice | stomppy | ",
+        id="sync_crosscheck",
+        marks=pytest.mark.slow,  # starts three brokers and measures the fsync rate twice
+    ),
     pytest.param(
         ["restart.py", "--messages", "2000"],
         "disk_bytes_drained",
@@ -60,3 +70,67 @@ def test_benchmark_script_runs(argv: list[str], expected: str, tmp_path: Path) -
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert expected in done.stdout, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--producers", "2", "--consumers", "1", "--count", "60"], id="sync"),
+        pytest.param(
+            ["--producers", "2", "--count", "40", "--rate", "400", "--consumer-ack", "auto"],
+            id="rate",
+        ),
+    ],
+)
+def test_stomppy_load_runs(broker: RunningBroker, argv: list[str], tmp_path: Path) -> None:
+    """The stomp.py generator against a broker of the test suite (it speaks to any broker)."""
+    out = tmp_path / "load.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, str(ROOT / "benchmarks" / "stomppy_load.py")),
+            *("--port", str(broker.port), "--warmup", "3", "--idle-timeout", "5", *argv),
+            *("--json", str(out)),
+        ],
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "msg/s" in done.stdout, done.stdout[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["ok"]
+    assert summary["producers"] == 2
+    assert summary["receipt_latency_ms"]["count"] == summary["messages"]
+    assert summary["messages_per_s"] > 0
+    if "--consumers" in argv:
+        assert summary["consumed"] == {
+            "expected": 66,
+            "unique": 66,
+            "duplicates": 0,
+            "foreign": 0,
+        }
+
+
+def test_stomppy_load_reports_a_refused_connection(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = subprocess.run(
+        [
+            *(sys.executable, str(ROOT / "benchmarks" / "stomppy_load.py"), "--port", str(port)),
+            *("--count", "5", "--timeout", "20"),
+        ],
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "stomppy_load: producer 0: ConnectFailedException" in done.stderr

@@ -102,7 +102,27 @@ def test_sync_sends_one_at_a_time() -> None:
     plan = _clients_plan(_parse("sync", "--count", "10"), "/queue/q.run")
     (producer,) = plan.producers
     assert (producer.receipt_every, producer.max_receipts) == (1, 1)
+    assert producer.rate_per_s == 0
     assert not plan.every_consumer
+
+
+def test_sync_producers_each_have_a_process_by_default() -> None:
+    plan = _clients_plan(_parse("sync", "--producers", "8"), "/queue/q.run")
+    assert plan.process_per_producer
+    assert split_processes(8, 1, plan.processes, process_per_producer=True) == (1, 8)
+    shared = _clients_plan(_parse("sync", "--no-process-per-producer"), "/queue/q.run")
+    assert not shared.process_per_producer
+    # Throughput keeps producers together unless asked.
+    assert not _clients_plan(_parse("throughput"), "/queue/q.run").process_per_producer
+    asked = _parse("throughput", "--process-per-producer")
+    assert _clients_plan(asked, "/queue/q.run").process_per_producer
+
+
+def test_sync_rate_is_shared_and_interleaved() -> None:
+    plan = _clients_plan(_parse("sync", "--producers", "4", "--rate", "2000"), "/queue/q.r")
+    assert [p.rate_per_s for p in plan.producers] == [500.0] * 4
+    assert [p.start_offset_s for p in plan.producers] == [0.0, 0.0005, 0.001, 0.0015]
+    assert all((p.receipt_every, p.max_receipts) == (1, 1) for p in plan.producers)
 
 
 def test_latency_follows_a_timetable() -> None:
@@ -137,6 +157,8 @@ def test_connections_options() -> None:
         ["throughput", "--broker", "nohost"],
         ["throughput", "--processes", "many"],
         ["latency", "--rate", "0"],
+        ["sync", "--rate", "-1"],
+        ["latency", "--process-per-producer"],
         ["sync", "-H", "noheader"],
         ["throughput", "--drain-grace", "-1"],
         ["sync", "--broker-pid", "0"],
@@ -174,3 +196,11 @@ def test_split_processes_keeps_roles_apart() -> None:
     consumers, producers = split_processes(8, 8, None)
     assert consumers >= 1
     assert producers >= 1
+
+
+def test_split_processes_one_per_producer() -> None:
+    assert split_processes(8, 1, None, process_per_producer=True) == (1, 8)
+    assert split_processes(1, 1, None, process_per_producer=True) == (1, 1)
+    # Explicit processes: the producers take theirs, the consumers what is left (at least one).
+    assert split_processes(4, 4, 6, process_per_producer=True) == (2, 4)
+    assert split_processes(4, 4, 2, process_per_producer=True) == (1, 4)

@@ -64,13 +64,46 @@ def test_throughput_one_producer_one_consumer(
     assert "broker CPU (measured" in out
 
 
-def test_sync_with_persistent_messages(broker: RunningBroker, tmp_path: Path) -> None:
-    code, document = _run(broker, tmp_path, "sync", "--count", "200", "--persistent")
+def test_sync_with_persistent_messages(
+    broker: RunningBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, document = _run(
+        broker,
+        tmp_path,
+        *("sync", "--producers", "2", "--count", "200", "--warmup", "10", "--persistent"),
+        *("--broker-pid", str(os.getpid()), "--drain-grace", "0.2"),
+    )
     results = document["results"]
     assert isinstance(results, dict)
     assert code == 0, results
     assert results["receipt_latency_ms"]["count"] == 200
+    assert results["sent"] == 200
     assert results["sends_per_s"] > 0
+    # Each synchronous producer in a process of its own.
+    assert results["process_per_producer"] is True
+    assert results["processes"] == {"consumers": 1, "producers": 2}
+    names = [p["name"] for p in results["cpu"]["measured"]["generator"]["processes"]]
+    assert names == ["consumers-0", "producers-0", "producers-1", "coordinator"]
+    lines = capsys.readouterr().out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(("sent ", "received ")))
+    assert lines[first].startswith("sent 200 messages")
+    assert "from the first send to the last receipt" in lines[first]
+
+
+def test_sync_at_a_rate(broker: RunningBroker, tmp_path: Path) -> None:
+    code, document = _run(
+        broker,
+        tmp_path,
+        *("sync", "--producers", "2", "--count", "100", "--rate", "500", "--persistent"),
+        *("--drain-grace", "0.2"),
+    )
+    results = document["results"]
+    assert code == 0, results
+    assert results["rate_per_s"] == 500
+    assert results["receipt_latency_ms"]["count"] == 100
+    # 100 messages at 500 msg/s take at least the timetable's 0.2 s (less one interval).
+    assert results["send_elapsed_s"] >= 0.19
+    assert 0 <= results["late_sends"] <= 100
 
 
 def test_connections_round_trip(broker: RunningBroker, tmp_path: Path) -> None:

@@ -18,7 +18,9 @@ FIFO queue, and its faults are:
   0.2 s later (a slow broker, not a lossy one);
 - `late-duplicate-before-marker`: message 0 is delivered again 0.2 s after the end marker arrives,
   just ahead of it;
-- `drop-markers`: end markers are never delivered.
+- `drop-markers`: end markers are never delivered;
+- `late-receipt`: the RECEIPT of each producer's tenth measured message (`m9`) is written 0.2 s
+  after the message was delivered (a consumer has it long before its producer's receipt).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from sluice.stomp import Command, Frame, Role, StompConnection
 DROPPED_SEQ = 5
 DOUBLED_SEQ = 7
 LATE_DELAY_S = 0.2
+LATE_RECEIPT = "m9"
 
 
 class _Session(asyncio.Protocol):
@@ -80,11 +83,17 @@ class _Session(asyncio.Protocol):
             return
         if command is Command.SEND:
             self.broker.route(frame)
-        if receipt is not None:
+        if receipt is not None and self.broker.fault == "late-receipt" and receipt == LATE_RECEIPT:
+            asyncio.get_running_loop().call_later(LATE_DELAY_S, self._late_receipt, receipt)
+        elif receipt is not None:
             self._write(Command.RECEIPT, {"receipt-id": receipt})
         if command is Command.DISCONNECT:
             self.broker.unsubscribe(self)
             self.transport.close()
+
+    def _late_receipt(self, receipt: str) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self._write(Command.RECEIPT, {"receipt-id": receipt})
 
     def deliver(self, sub_id: str, frame: Frame) -> bool:
         if self.transport is None or self.transport.is_closing():
@@ -347,3 +356,23 @@ def test_markers_that_never_come_back_fail_the_run(
     assert code == 1
     assert results["markers_missing"] == 2
     assert "2 end markers did not come back" in results["failure"]
+
+
+@pytest.mark.parametrize("faulty_broker", ["late-receipt"], indirect=True)
+def test_sync_sends_are_timed_to_the_last_receipt(
+    faulty_broker: _FaultyBroker, tmp_path: Path
+) -> None:
+    # The consumer has every message 0.2 s before the producers have their last receipts: the
+    # run waits for those receipts, and the measured window ends with them.
+    code, results = _bench(
+        faulty_broker,
+        tmp_path,
+        *("sync", "--producers", "2", "--count", "20", "--size", "64", "--drain-grace", "0"),
+    )
+    assert code == 0, results["failure"]
+    assert results["errors"] == []
+    assert results["sent"] == 20
+    assert results["send_elapsed_s"] >= LATE_DELAY_S
+    assert results["receipt_latency_ms"]["count"] == 20
+    assert results["receipt_latency_ms"]["max"] >= LATE_DELAY_S * 1000
+    assert results["cpu"]["measured"]["wall_s"] >= LATE_DELAY_S

@@ -161,6 +161,42 @@ async def test_timetable_stamps_due_times() -> None:
     assert all(h.sent_ns >= h.intended_ns for h in heads)
 
 
+async def test_a_timetable_starts_after_its_offset() -> None:
+    link, transport = _link()
+    spec = ProducerSpec(0, "/queue/q", 64, count=1, rate_per_s=1000.0, start_offset_s=0.01)
+    producer = BenchProducer(spec, link)
+    started = time.monotonic_ns()
+    task = asyncio.create_task(producer.run(0, 1, measured=True))
+    (first,) = await transport.frames_once(1)
+    assert decode_body(first.body, 64).intended_ns - started >= 10_000_000
+    _receipt(link, "m0")
+    await asyncio.wait_for(task, 1)
+
+
+async def test_a_sync_producer_behind_its_timetable_counts_late_sends() -> None:
+    link, transport = _link()
+    # A timetable that began 10 ms ago: every send is more than 1 ms behind it.
+    spec = ProducerSpec(
+        0,
+        "/queue/q",
+        64,
+        count=2,
+        rate_per_s=1000.0,
+        receipt_every=1,
+        max_receipts=1,
+        start_offset_s=-0.01,
+    )
+    producer = BenchProducer(spec, link)
+    task = asyncio.create_task(producer.run(0, 2, measured=True))
+    await transport.frames_once(1)
+    _receipt(link, "m0")
+    await transport.frames_once(2)
+    _receipt(link, "m1")
+    await asyncio.wait_for(task, 1)
+    assert producer.late_sends == 2
+    assert producer.result()["late_sends"] == 2
+
+
 async def test_the_window_is_used_as_given() -> None:
     link, transport = _link()
     spec = ProducerSpec(0, "/queue/q", 1024 * 1024, count=8, receipt_every=4, max_receipts=4)

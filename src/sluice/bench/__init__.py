@@ -2,7 +2,8 @@
 
 It speaks raw STOMP 1.2 over the sans-IO codec in `sluice.stomp`, so it can load any STOMP broker
 (Sluice, ActiveMQ, RabbitMQ). Producers and consumers run in separate worker processes, each with
-its own asyncio loop; results come back to the coordinating process as JSON over pipes.
+its own asyncio loop (the synchronous producers of `sync` one process each, as separate
+applications would be); results come back to the coordinating process as JSON over pipes.
 
 Layout: `payload` (message bodies), `stats` (latency histogram, exactly-once verifier),
 `stomplink` (one raw STOMP connection and the broker it goes to), `roles` (`BenchProducer` and

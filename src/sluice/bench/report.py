@@ -205,6 +205,9 @@ def summarize_clients(
         # Arrived after the consumers' last ACK: left to the broker, found by the queue check.
         "unacknowledged_at_stop": sum(int(c.get("unacknowledged", 0)) for c in outcome.consumers),
         "processes": {"consumers": outcome.processes[0], "producers": outcome.processes[1]},
+        "process_per_producer": plan.process_per_producer,
+        "rate_per_s": sum(p.rate_per_s for p in plan.producers),
+        "late_sends": sum(int(p.get("late_sends", 0)) for p in outcome.producers),
         "cpu": {
             "measured": cpu_report(
                 outcome.measured_cpu, plan.broker_pid, outcome.generator_pids, measured
@@ -248,14 +251,18 @@ def _verification_line(v: Verification) -> str:
 
 def format_clients(results: dict[str, Any]) -> list[str]:
     """The human-readable report of a throughput, sync or latency run."""
-    lines = [
+    received = (
         f"received {results['messages']} messages of {results['size_bytes']} bytes "
         f"in {results['elapsed_s']:.3f} s: {results['messages_per_s']:,.0f} msg/s, "
-        f"{results['mb_per_s']:.2f} MB/s",
-        f"sent {results['sent']} messages in {results['send_elapsed_s']:.3f} s to the last "
-        f"receipt: {results['sends_per_s']:,.0f} msg/s",
-        format_latency("end-to-end latency", results["latency_ms"]),
-    ]
+        f"{results['mb_per_s']:.2f} MB/s"
+    )
+    sent = (
+        f"sent {results['sent']} messages in {results['send_elapsed_s']:.3f} s from the first "
+        f"send to the last receipt: {results['sends_per_s']:,.0f} msg/s"
+    )
+    # What a synchronous publisher sees comes first in its own scenario.
+    lines = [sent, received] if results["scenario"] == "sync" else [received, sent]
+    lines.append(format_latency("end-to-end latency", results["latency_ms"]))
     if "send_latency_ms" in results:
         lines.append(format_latency("latency from actual send", results["send_latency_ms"]))
     lines.append(format_latency("receipt latency", results["receipt_latency_ms"]))
@@ -273,6 +280,11 @@ def format_clients(results: dict[str, Any]) -> list[str]:
         f"receipts: one per {results['receipt_every']} message(s), "
         f"at most {results['max_receipts']} unanswered per producer"
     )
+    if results.get("rate_per_s"):
+        lines.append(
+            f"timetable: {results['rate_per_s']:g} msg/s in all, "
+            f"{results['late_sends']} send(s) more than 1 ms late"
+        )
     lines += format_cpu("measured", results["cpu"]["measured"])
     for error in results["errors"][:5]:
         lines.append(f"error: {error}")

@@ -8,9 +8,11 @@ slowly answers slowly, so the producer slows down with it instead of flooding so
 every broker answers receipts, so the rule is the same for all of them. With `receipt_every=1,
 max_receipts=1` this is the classic synchronous send.
 
-A producer given a rate follows a timetable: message i is due at start + i / rate and carries that
-due time in its body, so a stall in the broker (or the generator) shows up in the latency of every
-message that should have been sent meanwhile (no coordinated omission).
+A producer given a rate follows a timetable: message i is due at start + offset + i / rate and
+carries that due time in its body, so a stall in the broker (or the generator) shows up in the
+latency of every message that should have been sent meanwhile (no coordinated omission). The
+offset spreads several producers evenly over one interval. A send that goes out more than 1 ms
+after its due time (because the receipts it waits for came back late) is counted as late.
 
 Consumers acknowledge in batches: in `client` mode one cumulative ACK per `ack_every` messages
 (and on a timer), in `client-individual` mode one ACK per message written together per batch.
@@ -47,6 +49,8 @@ _MAX_WINDOW_BYTES = 1024 * 1024
 _MARKER_RECEIPT = "end"
 _NS_PER_US = 1000
 _NS_PER_S = 1_000_000_000
+# A send this far behind its due time counts as late.
+_LATE_NS = 1_000_000
 
 
 def receipt_window(size: int, receipt_every: int | None) -> int:
@@ -71,6 +75,8 @@ class ProducerSpec:
     max_receipts: int = 8
     # Messages per second on a timetable; 0 sends as fast as the broker accepts.
     rate_per_s: float = 0.0
+    # The timetable starts this long after the producer is told to start.
+    start_offset_s: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,6 +131,7 @@ class BenchProducer:
         self.last_send_ns = 0
         self.last_receipt_ns = 0
         self.unknown_receipts = 0
+        self.late_sends = 0
         self.receipt_latency = LatencyHistogram()
         link.on_receipt = self._receipt
         link.on_close = self._link_closed
@@ -233,7 +240,7 @@ class BenchProducer:
         interval_ns = _NS_PER_S / self.spec.rate_per_s
         prefix = "m" if measured else "w"
         link = self.link
-        origin_ns = time.monotonic_ns()
+        origin_ns = time.monotonic_ns() + int(self.spec.start_offset_s * _NS_PER_S)
         seq = start
         while seq < end:
             await self._wait(self._room)
@@ -242,6 +249,8 @@ class BenchProducer:
             if due_ns > now_ns:
                 await asyncio.sleep((due_ns - now_ns) / _NS_PER_S)
                 continue
+            if measured and now_ns - due_ns > _LATE_NS:
+                self.late_sends += 1
             # Everything due by now, cut at the next receipt boundary so windows stay aligned.
             due_count = int((now_ns - origin_ns) / interval_ns) + 1 - (seq - start)
             boundary = seq + window - (seq - start) % window
@@ -274,6 +283,7 @@ class BenchProducer:
             "last_send_ns": self.last_send_ns,
             "last_receipt_ns": self.last_receipt_ns,
             "unknown_receipts": self.unknown_receipts,
+            "late_sends": self.late_sends,
             "receipt_latency": self.receipt_latency.to_dict(),
             "error": self.link.error,
         }

@@ -5,9 +5,10 @@ A run of the throughput, sync or latency scenario goes:
 1. consumer workers start and report `ready` once every subscription is confirmed by a receipt;
 2. producer workers start and report `ready` once connected;
 3. with a warm-up, producers send it and the run waits until consumers have all of it;
-4. `start`: producers send the measured messages; the load ends when consumers have every message,
-   when producers are done and consumers made no progress for `idle_timeout_s` (messages lost),
-   on the first error, or at the overall deadline;
+4. `start`: producers send the measured messages; the load ends when consumers have every message
+   and every producer has the receipts of all of its own, when producers are done and consumers
+   made no progress for `idle_timeout_s` (messages lost), on the first error, or at the overall
+   deadline;
 5. `mark`: each producer sends an end marker; the run waits (up to `idle_timeout_s`) until every
    marker reached a consumer (on a topic: every consumer), so nothing the broker holds is ahead of
    them, then keeps receiving for `drain_grace_s` to count late duplicates;
@@ -17,8 +18,8 @@ A run of the throughput, sync or latency scenario goes:
    marker of its own: a late duplicate, or a message never delivered.
 
 CPU time is read from /proc for the broker (given its pid) and every worker process, over the
-measured window (from `start` to the moment the last expected message was reported, within the
-100 ms of a progress report) and over the whole run.
+measured window (from `start` to the moment the last expected message and the last producer's
+`sent` were reported, within the 100 ms of a progress report) and over the whole run.
 
 The coordinator never blocks on a worker without a deadline, and terminates workers that do not
 answer in time, so a run always ends.
@@ -188,12 +189,23 @@ class WorkerPool:
             worker.stop(_JOIN_S)
 
 
-def split_processes(producers: int, consumers: int, processes: int | None) -> tuple[int, int]:
+def split_processes(
+    producers: int, consumers: int, processes: int | None, *, process_per_producer: bool = False
+) -> tuple[int, int]:
     """How many worker processes run consumers and how many run producers.
 
     Producers and consumers never share a process, so one side's work does not delay the other's
     timestamps. `None` (auto) uses one process per client up to the number of CPUs (at least 2).
+    With `process_per_producer`, every producer has a process of its own, as the producers of
+    separate applications do, and the consumers get one process each up to the CPUs (auto) or
+    what `processes` leaves them (at least one).
     """
+    if process_per_producer:
+        if processes is None:
+            consumer_procs = min(consumers, max(1, os.cpu_count() or 1))
+        else:
+            consumer_procs = max(1, min(consumers, processes - producers))
+        return consumer_procs, producers
     clients = producers + consumers
     total = min(clients, max(2, os.cpu_count() or 2)) if processes is None else processes
     total = max(2, min(total, clients))
@@ -215,6 +227,8 @@ class ClientsPlan:
     producers: list[ProducerSpec]
     consumers: list[ConsumerSpec]
     processes: int | None = None
+    # Each producer in a worker process of its own (see `split_processes`).
+    process_per_producer: bool = False
     every_consumer: bool = False  # a topic: each consumer gets every message
     timeout_s: float = 300.0
     idle_timeout_s: float = 10.0
@@ -400,15 +414,17 @@ def _measure(
     def finished() -> bool:
         now = time.monotonic()
         seen = _unique(consumer_workers)
+        # Sent: every producer has the receipts of all its messages (a consumer may have a
+        # message before its producer has the receipt, with concurrent store and dispatch).
+        producers_done = all("sent" in w.events for w in producer_workers)
         if seen >= expected:
-            return True
+            return producers_done
         if seen != progress["unique"]:
             progress["unique"], progress["at"] = seen, now
             return False
-        producers_done = all("sent" in w.events for w in producer_workers)
         return producers_done and now - progress["at"] >= plan.idle_timeout_s
 
-    pool.wait_for("the consumers", finished)
+    pool.wait_for("the consumers and the last receipts", finished)
     outcome.measured_cpu.stop(_own_pids(pool, plan))
     received = _unique(consumer_workers)
     if received < expected:
@@ -431,7 +447,10 @@ def run_clients(plan: ClientsPlan) -> ClientsOutcome:
     """Run producers and consumers in worker processes and return their results."""
     pool = WorkerPool(time.monotonic() + plan.timeout_s)
     consumer_procs, producer_procs = split_processes(
-        len(plan.producers), len(plan.consumers), plan.processes
+        len(plan.producers),
+        len(plan.consumers),
+        plan.processes,
+        process_per_producer=plan.process_per_producer,
     )
     outcome = ClientsOutcome(processes=(consumer_procs, producer_procs))
     outcome.run_cpu.start(_own_pids(pool, plan))

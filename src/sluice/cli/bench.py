@@ -1,7 +1,7 @@
 """`sluice bench`: its arguments, the plan they make for `sluice.bench`, the report it prints.
 
     sluice bench throughput --producers P --consumers C --size BYTES --count N [--persistent]
-    sluice bench sync --producers P --size BYTES --count N [--persistent]
+    sluice bench sync --producers P --size BYTES --count N [--persistent] [--rate R]
     sluice bench latency --rate R --duration S --size BYTES
     sluice bench connections --connections N --duration S --rate-per-connection R [--broker-pid PID]
 
@@ -9,6 +9,9 @@ Every scenario takes `--broker HOST:PORT --login --passcode --host-header` (the 
 header, RabbitMQ's virtual host), `--tls --ca FILE --cert FILE --key FILE` (a TLS listener),
 `--json FILE`, `--warmup N`, `--timeout S`, `--processes`, `--drain-grace S` and
 `--broker-pid PID` (to read the broker's CPU time and memory from /proc).
+`throughput` and `sync` take `--process-per-producer` (the default of `sync`, where each producer
+is a synchronous publisher in a process of its own, as an application's would be) or
+`--no-process-per-producer` (producers share worker processes and their event loops).
 Exit codes (`ExitCode`): 0 when the run completed and every message arrived exactly once, 1
 otherwise (with a one-line reason on stderr), 2 for a usage error.
 """
@@ -154,7 +157,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=_processes,
         default=None,
         metavar="auto|K",
-        help="worker processes (default auto: one per client, up to the CPUs, at least 2)",
+        help="worker processes (default auto: one per client, up to the CPUs, at least 2; "
+        "with --process-per-producer, one per producer and what is left for the consumers)",
     )
     g.add_argument("--connect-timeout", type=_positive_float, default=10.0, metavar="S")
     g.add_argument(
@@ -219,6 +223,16 @@ def _messaging(p: argparse.ArgumentParser, destination: str, *, count: int | Non
     )
 
 
+def _layout(p: argparse.ArgumentParser, *, per_producer: bool) -> None:
+    p.add_argument(
+        "--process-per-producer",
+        action=argparse.BooleanOptionalAction,
+        default=per_producer,
+        help="run each producer in a worker process of its own (default: %(default)s); "
+        "otherwise producers share processes (see --processes) and their event loops",
+    )
+
+
 def _flow(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--receipt-every",
@@ -247,12 +261,29 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
     t.add_argument("--consumers", type=_positive_int, default=1, help="consumer connections")
     _messaging(t, "/queue/bench.throughput", count=100_000)
     _flow(t)
+    _layout(t, per_producer=False)
     _common(t)
 
-    s = scenarios.add_parser("sync", help="each send waits for its receipt")
+    s = scenarios.add_parser(
+        "sync",
+        help="each send waits for its receipt",
+        description="Synchronous publishers: every SEND carries a receipt and the next SEND "
+        "waits for it. Each producer runs in a process of its own unless "
+        "--no-process-per-producer. Throughput is the measured sends over the time from the "
+        "first measured send to the last receipt.",
+    )
     s.add_argument("--producers", type=_positive_int, default=1, help="producer connections")
     s.add_argument("--consumers", type=_positive_int, default=1, help="consumers that drain")
+    s.add_argument(
+        "--rate",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="R",
+        help="messages per second of all producers together, on a timetable (default 0: "
+        "each sends as soon as its previous receipt arrived)",
+    )
     _messaging(s, "/queue/bench.sync", count=10_000)
+    _layout(s, per_producer=True)
     _common(s)
 
     lat = scenarios.add_parser("latency", help="one producer at a fixed rate, one consumer")
@@ -330,7 +361,7 @@ def _clients_plan(args: argparse.Namespace, destination: str) -> ClientsPlan:
     else:
         producers, consumers = args.producers, args.consumers
         count = args.count
-        rate = 0.0
+        rate = getattr(args, "rate", 0.0)
     receipt_every, max_receipts = _flow_control(args)
     counts = split_count(count, producers)
     warmups = split_count(args.warmup, producers)
@@ -345,7 +376,9 @@ def _clients_plan(args: argparse.Namespace, destination: str) -> ClientsPlan:
             persistent=args.persistent,
             receipt_every=receipt_every,
             max_receipts=max_receipts,
-            rate_per_s=rate,
+            # Each producer sends its share of the rate; their timetables interleave evenly.
+            rate_per_s=rate / producers,
+            start_offset_s=i / rate if rate else 0.0,
             headers=send_headers,
         )
         for i in range(producers)
@@ -371,6 +404,7 @@ def _clients_plan(args: argparse.Namespace, destination: str) -> ClientsPlan:
         producers=producer_specs,
         consumers=consumer_specs,
         processes=args.processes,
+        process_per_producer=getattr(args, "process_per_producer", False),
         every_consumer=destination.startswith("/topic/"),
         timeout_s=args.timeout or DEFAULT_TIMEOUT_S,
         idle_timeout_s=args.idle_timeout,
@@ -399,6 +433,8 @@ def _describe(args: argparse.Namespace, destination: str, plan: ClientsPlan) -> 
         who = f"1 producer at {args.rate:g} msg/s for {args.duration:g} s, 1 consumer"
     else:
         who = f"{args.producers} producer(s), {args.consumers} consumer(s)"
+        if getattr(args, "rate", 0.0):
+            who += f", {args.rate:g} msg/s in all"
     total = sum(p.count for p in plan.producers)
     return (
         f"sluice bench {args.scenario}: {who}, {total} x {args.size} B {persistence}, "
