@@ -230,7 +230,14 @@ class Destination:
         """Remove messages waiting for a consumer (a queue's; see `Queue.purge`)."""
         raise RequestError(f"{self.name} is not a queue: only queues can be purged")
 
-    def browse(self, after_seq: int, limit: int, preview_bytes: int) -> list[MessageView]:
+    def browse(
+        self,
+        after_seq: int,
+        limit: int,
+        preview_bytes: int,
+        matches: Callable[[Message], bool] | None = None,
+        scan_limit: int = 0,
+    ) -> tuple[list[MessageView], int | None]:
         """Messages after `after_seq`, without consuming them (a queue's; `Queue.browse`)."""
         raise RequestError(f"{self.name} is not a queue: only queues can be browsed")
 

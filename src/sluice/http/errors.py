@@ -16,6 +16,7 @@ class ErrorCode(enum.Enum):
 
     BAD_REQUEST = ("bad_request", 400)
     INVALID_DESTINATION = ("invalid_destination", 400)
+    INVALID_SELECTOR = ("invalid_selector", 400)
     UNAUTHORIZED = ("unauthorized", 401)
     FORBIDDEN = ("forbidden", 403)
     NOT_FOUND = ("not_found", 404)
