@@ -1,9 +1,10 @@
 """`sluice admin --url http://HOST:PORT ...`: the management API's client, in the manner of
 `rabbitmqadmin` and `activemq query|browse|purge`: `list
-destinations|connections|subscriptions`, `show DEST`, `purge DEST`, `delete DEST`, `close
-CONNECTION`; on a queue's messages `browse` (a search with `--selector`, `--header`, `--id`),
-`count`, `move`, `copy`, `delete-messages`, `retry` (`--all` or a filter, `--dry-run`), and
-`send`. A table by default, `--json` for scripts. Speaks HTTP with the standard library.
+destinations|connections|subscriptions|streams|files`, `show DEST`, `store`, `purge DEST`,
+`delete DEST`, `close CONNECTION`; on a queue's messages `browse` (a search with
+`--selector`, `--header`, `--id`), `count`, `move`, `copy`, `delete-messages`, `retry`
+(`--all` or a filter, `--dry-run`), and `send`. A table by default, `--json` for scripts.
+Speaks HTTP with the standard library.
 
 With `--user`, the password is read from the terminal, or with `--password-stdin` from the
 first line of standard input (never a command-line argument, where `ps` would show it).
@@ -35,6 +36,43 @@ TIMEOUT_S = 60.0
 _PAGE = 1000
 # A body `send` reads from a file: what fits a request of the API (64 KiB), as base64.
 MAX_SEND_BYTES = 45 * 1024
+
+
+def _dash(value: object) -> object:
+    return "-" if value is None else value
+
+
+def _sending(stream: dict[str, Any]) -> str:
+    if not stream["sending"]:
+        return "no"
+    return "yes" if stream["producer_connected"] else "waiting"
+
+
+def _reader(stream: dict[str, Any]) -> str:
+    if stream["reader_connection"] is None:
+        return "-"
+    return f"{stream['reader_connection']}/{stream['reader_subscription']}"
+
+
+def _resume(stream: dict[str, Any]) -> str:
+    if stream["resume_chunk"] is None:
+        return "-"
+    return f"{stream['resume_chunk']}@{_dash(stream['resume_offset'])}"
+
+
+def _pinned_by(file: dict[str, Any]) -> str:
+    """Who keeps a file: destinations with live messages (count, oldest sequence), state."""
+    oldest = file["oldest_by_destination"]
+    parts = [
+        f"{name} ({count}, from #{oldest.get(name, '?')})"
+        for name, count in sorted(file["live_by_destination"].items())
+    ]
+    if file["state_of"]:
+        parts.append(f"state of {len(file['state_of'])}")
+    if file["transaction_pins"]:
+        parts.append(f"{file['transaction_pins']} in open transactions")
+    return ", ".join(parts) or "-"
+
 
 # Table columns: (heading, how to get the cell from an item).
 Column = tuple[str, Callable[[dict[str, Any]], object]]
@@ -71,6 +109,25 @@ _TABLES: dict[str, list[Column]] = {
         ("IN-FLIGHT", lambda m: "yes" if m["in_flight"] else "no"),
         ("BYTES", lambda m: m["body_bytes"]),
         ("BODY", lambda m: _preview(m["body_preview"])),
+    ],
+    "streams": [
+        ("DESTINATION", lambda s: s["destination"]),
+        ("STREAM", lambda s: s["stream_id"]),
+        ("SENDING", _sending),
+        ("READING", lambda s: s["reading"]),
+        ("READER", _reader),
+        ("IN-FLIGHT", lambda s: s["chunks_in_flight"]),
+        ("DELIVERED", lambda s: _dash(s["delivered_chunk"])),
+        ("RESUME-AT", _resume),
+    ],
+    "files": [
+        ("FILE", lambda f: f["name"]),
+        ("SIZE", lambda f: f["size_bytes"]),
+        ("LIVE", lambda f: f["live_messages"]),
+        ("LIVE-BYTES", lambda f: f["live_bytes"]),
+        ("PINS", lambda f: f["pins"]),
+        ("HEAD", lambda f: "yes" if f["head"] else "no"),
+        ("PINNED-BY", _pinned_by),
     ],
     "subscriptions": [
         ("TOPIC", lambda s: s["destination"]),
@@ -300,8 +357,11 @@ def _run_admin(args: argparse.Namespace) -> int:
         return ExitCode.OK
     if action == "list":
         what: str = args.what
-        items = api.all_items(f"/api/{what}")
+        items = api.all_items("/api/store/files" if what == "files" else f"/api/{what}")
         _print(args, items, _table(_TABLES[what], items))
+    elif action == "store":
+        shown = api.call("GET", "/api/store")
+        _print(args, shown, "\n".join(f"{key}: {value}" for key, value in shown.items()))
     elif action == "show":
         shown = api.call("GET", _destination_path(args.destination))
         _print(args, shown, "\n".join(f"{key}: {value}" for key, value in shown.items()))
@@ -398,8 +458,15 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
     )
     a.add_argument("--json", action="store_true", help="print the API's JSON, for scripts")
     actions = a.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", help="list destinations, connections or subscriptions")
-    listing.add_argument("what", choices=["connections", "destinations", "subscriptions"])
+    listing = actions.add_parser(
+        "list",
+        help="list destinations, connections, durable subscriptions, streams in progress, or "
+        "the store's data files",
+    )
+    listing.add_argument(
+        "what", choices=["connections", "destinations", "files", "streams", "subscriptions"]
+    )
+    actions.add_parser("store", help="show where the message store stands")
     browse = actions.add_parser(
         "browse", help="show a queue's messages without consuming them, or search them"
     )

@@ -15,7 +15,14 @@ from sluice.config import DestinationPolicy
 from sluice.core.message import DestinationKind, Message
 from sluice.core.streams import OpenStreams
 from sluice.core.usage import Usage
-from sluice.core.views import DestinationView, DurableView, MessageView, Traffic
+from sluice.core.views import (
+    DestinationView,
+    DurableView,
+    MessageView,
+    StreamReading,
+    StreamView,
+    Traffic,
+)
 from sluice.errors import RequestError
 
 if TYPE_CHECKING:
@@ -222,6 +229,26 @@ class Destination:
     def durable_views(self) -> list[DurableView]:
         """Its durable subscriptions (a queue has none)."""
         return []
+
+    def stream_views(self) -> list[StreamView]:
+        """The streams being sent to it (a queue tells of their reading too)."""
+        return [
+            StreamView(
+                self.name,
+                stream_id,
+                sending=True,
+                producer_connected=connected,
+                last_chunk_ms=last_ms,
+                reading=StreamReading.NONE,
+                reader_connection=None,
+                reader_subscription=None,
+                chunks_in_flight=0,
+                delivered_chunk=None,
+                resume_chunk=None,
+                resume_offset=None,
+            )
+            for stream_id, last_ms, connected in self.open_streams.entries()
+        ]
 
     def _in_flight(self) -> int:
         return sum(len(sub.inflight) for sub in self.subscriptions)

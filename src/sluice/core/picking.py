@@ -1,6 +1,7 @@
-"""What an operator picks out of a queue (`QueuePicking`, a layer of `queue.Queue`): the
-messages after a sequence, each with where it is (`Place`), to browse and search them; and taking
-waiting messages out of the queue for a move or a delete, then settling or giving them back.
+"""What an operator sees of a queue and picks out of it (`QueuePicking`, a layer of
+`queue.Queue`): the messages after a sequence, each with where it is (`Place`), to browse and
+search them; the streams in progress, with their readers' positions; and taking waiting messages
+out of the queue for a move or a delete, then settling or giving them back.
 
 A waiting message is in one of three places: in memory (`pending`), dropped from memory with its
 place remembered (`Evicted`), or in a store alone above `loaded_seq`, not read yet. Taking one
@@ -17,12 +18,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sluice.core.message import Message
+from sluice.core.message import STREAM_OFFSET, STREAM_SEQ, Message
 from sluice.core.paging import QueuePaging, pending_after
 from sluice.core.paging import pending_key as _key
-from sluice.core.views import MessageView
+from sluice.core.views import MessageView, StreamReading, StreamView
 from sluice.store.api import StoredMessage
+
+if TYPE_CHECKING:
+    from sluice.core.subscription import Subscription
 
 # A window reads at most this much of a store at a time.
 WINDOW_BYTES = 16 << 20
@@ -83,6 +88,16 @@ class Taken:
     def give_back(self) -> None:
         """The operation failed: it waits in its queue again, at its place."""
         self.queue._taken_given_back(self)
+
+
+def _header_int(message: Message | None, name: str) -> int | None:
+    """An integer header of a chunk (None: no chunk, or not a number)."""
+    if message is None:
+        return None
+    raw = message.headers.get(name)
+    if raw is None or not raw.isascii() or not raw.isdigit():
+        return None
+    return int(raw)
 
 
 def _message_view(message: Message, in_flight: bool, preview_bytes: int) -> MessageView:
@@ -198,6 +213,66 @@ class QueuePicking(QueuePaging):
                         seq = found.message.seq
                         return views, seq if seq < self.last_seq else None
         return views, after
+
+    # -- streams --------------------------------------------------------------------------------
+
+    def stream_views(self) -> list[StreamView]:
+        """The streams being sent here, those its consumers read, and those a consumer left in
+        the middle: who reads each, how far, and where the next reader would start."""
+        sending = {
+            sid: (last_ms, connected) for sid, last_ms, connected in self.open_streams.entries()
+        }
+        streams = self.streams
+        ids = list(dict.fromkeys([*sending, *streams.owned, *streams.resuming, *streams.discarded]))
+        if not ids:
+            return []
+        wanted = set(ids)
+        held: dict[str, list[tuple[Subscription, Message]]] = {}
+        for sub in self.subscriptions:
+            for message in sub.inflight.values():
+                if message.group_id in wanted:
+                    held.setdefault(message.group_id, []).append((sub, message))
+        waiting: dict[str, Message] = {}
+        for message in self.pending.values():
+            group_id = message.group_id
+            if group_id in wanted:
+                first = waiting.get(group_id)
+                if first is None or message.seq < first.seq:
+                    waiting[group_id] = message
+        views = []
+        for stream_id in ids:
+            chunks = sorted(held.get(stream_id, ()), key=lambda item: item[1].seq)
+            owner = self.groups.get(stream_id) if stream_id in streams.owned else None
+            if owner is None and chunks:
+                owner = chunks[0][0]
+            if owner is not None:
+                reading = StreamReading.READING
+            elif stream_id in streams.resuming:
+                reading = StreamReading.RESUMING
+            elif stream_id in streams.discarded:
+                reading = StreamReading.DISCARDING
+            else:
+                reading = StreamReading.NONE
+            first = chunks[0][1] if chunks else waiting.get(stream_id)
+            numbers = [n for _, m in chunks if (n := _header_int(m, STREAM_SEQ)) is not None]
+            last_ms, connected = sending.get(stream_id, (None, False))
+            views.append(
+                StreamView(
+                    self.name,
+                    stream_id,
+                    sending=stream_id in sending,
+                    producer_connected=connected,
+                    last_chunk_ms=last_ms,
+                    reading=reading,
+                    reader_connection=owner.connection_id if owner is not None else None,
+                    reader_subscription=owner.id if owner is not None else None,
+                    chunks_in_flight=len(chunks),
+                    delivered_chunk=max(numbers) if numbers else None,
+                    resume_chunk=_header_int(first, STREAM_SEQ),
+                    resume_offset=_header_int(first, STREAM_OFFSET),
+                )
+            )
+        return views
 
     # -- taking ---------------------------------------------------------------------------------
 

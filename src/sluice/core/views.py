@@ -1,7 +1,7 @@
 """What an operator may see of the running broker, as values: a destination
 (`DestinationView`), a durable subscription (`DurableView`), a client connection
-(`ConnectionView`) and the broker's message totals (`Totals`); and the counters each
-destination keeps of its traffic (`Traffic`).
+(`ConnectionView`), a stream in progress (`StreamView`) and the broker's message totals
+(`Totals`); and the counters each destination keeps of its traffic (`Traffic`).
 
 The core builds the views when asked (`Broker.destination_views`, `Broker.totals`, ...); the
 management API and the metrics read them and never reach into the objects behind them. A
@@ -13,6 +13,7 @@ not counted at all (a destination's sequence numbers say it).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 
@@ -138,3 +139,36 @@ class MessageView:
     headers: dict[str, str]
     body_bytes: int
     body_preview: bytes
+
+
+class StreamReading(enum.Enum):
+    """Where the reading of a stream stands."""
+
+    NONE = "none"  # no consumer has taken it yet
+    READING = "reading"  # a consumer holds it
+    RESUMING = "resuming"  # its consumer left in the middle: the next one resumes
+    DISCARDING = "discarding"  # its consumer left; the rest goes to the DLQ (stream_policy)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamView:
+    """A stream in progress: still being sent (`sending`: its end has not come; by a connected
+    producer, or recovered after a restart and waiting for its producer), or being read.
+
+    Chunk numbers are `x-stream-seq`s. The reader holds `chunks_in_flight` chunks, the furthest
+    `delivered_chunk`; `resume_chunk` (at byte `resume_offset`) is the first chunk not
+    acknowledged, where the next reader starts if this one dies (None when no chunk of it is in
+    memory: the rest waits in the store)."""
+
+    destination: str
+    stream_id: str
+    sending: bool
+    producer_connected: bool
+    last_chunk_ms: int | None
+    reading: StreamReading
+    reader_connection: int | None
+    reader_subscription: str | None
+    chunks_in_flight: int
+    delivered_chunk: int | None
+    resume_chunk: int | None
+    resume_offset: int | None

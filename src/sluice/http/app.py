@@ -1,7 +1,7 @@
 """The management server: an aiohttp application on the broker's event loop, its routes, the
 checks every request goes through (`_guard`: who calls, and errors as JSON), and the health
-checks. The API's handlers are in `api.py`, `messages.py` and `connections.py`, the metrics in
-`metrics.py`.
+checks. The API's handlers are in `api.py`, `messages.py`, `connections.py` and `store.py`, the
+metrics in `metrics.py`.
 
 No thread per request: handlers run on the loop and only ask the core for values; a password
 hash runs on the broker's login threads (`gate.py`).
@@ -21,7 +21,7 @@ from aiohttp import web
 
 from sluice import __version__
 from sluice.errors import SluiceError
-from sluice.http import api, connections, messages, metrics
+from sluice.http import api, connections, messages, metrics, store
 from sluice.http.context import Managed
 from sluice.http.errors import ApiError, ErrorCode, error_response
 from sluice.http.gate import CALLER, authenticate
@@ -79,6 +79,7 @@ class ManagementServer:
         app.router.add_get("/api/openapi.json", self._openapi, allow_head=False)
         app.router.add_routes(api.routes(self))
         app.router.add_routes(messages.routes(self))
+        app.router.add_routes(store.routes(self))
         app.router.add_routes(connections.routes(self))
         app.router.add_routes(metrics.routes(self))
         return app
