@@ -1,10 +1,10 @@
 """`sluice admin --url http://HOST:PORT ...`: the management API's client, in the manner of
 `rabbitmqadmin` and `activemq query|browse|purge`: `list
 destinations|connections|subscriptions|streams|files`, `show DEST`, `store`, `purge DEST`,
-`delete DEST`, `close CONNECTION`; on a queue's messages `browse` (a search with
-`--selector`, `--header`, `--id`), `count`, `move`, `copy`, `delete-messages`, `retry`
-(`--all` or a filter, `--dry-run`), and `send`. A table by default, `--json` for scripts.
-Speaks HTTP with the standard library.
+`delete DEST`, `close CONNECTION`, `export [FILE]`, `import FILE`; on a queue's messages
+`browse` (a search with `--selector`, `--header`, `--id`), `count`, `move`, `copy`,
+`delete-messages`, `retry` (`--all` or a filter, `--dry-run`), and `send`. A table by
+default, `--json` for scripts. Speaks HTTP with the standard library.
 
 With `--user`, the password is read from the terminal, or with `--password-stdin` from the
 first line of standard input (never a command-line argument, where `ps` would show it).
@@ -350,6 +350,38 @@ def _run_messages(api: _Api, args: argparse.Namespace) -> bool:
     return True
 
 
+def _read_definitions(path: str) -> Any:
+    try:
+        with open(path, "rb") as source:
+            return json.loads(source.read())
+    except OSError as exc:
+        raise AdminError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise AdminError(f"{path} is not JSON: {exc}") from None
+
+
+def _write_definitions(path: str, exported: Any) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as target:
+            json.dump(exported, target, indent=2)
+            target.write("\n")
+    except OSError as exc:
+        raise AdminError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _import_text(imported: dict[str, Any]) -> str:
+    created, existing = imported["created"], imported["existing"]
+    verb = "would create" if imported["dry_run"] else "created"
+    lines = [
+        f"{verb} {len(created['destinations'])} destinations and "
+        f"{len(created['durable_subscriptions'])} durable subscriptions "
+        f"({existing['destinations']} destinations and {existing['durable_subscriptions']} "
+        f"durable subscriptions were there)"
+    ]
+    lines += [f"  not applied: {line}" for line in imported["policy_differences"]]
+    return "\n".join(lines)
+
+
 def _run_admin(args: argparse.Namespace) -> int:
     api = _Api(args.url, args.user, _password(args))
     action: str = args.action
@@ -359,6 +391,20 @@ def _run_admin(args: argparse.Namespace) -> int:
         what: str = args.what
         items = api.all_items("/api/store/files" if what == "files" else f"/api/{what}")
         _print(args, items, _table(_TABLES[what], items))
+    elif action == "export":
+        exported = api.call("GET", "/api/definitions")
+        if args.file is None:
+            print(json.dumps(exported, indent=2))
+        else:
+            _write_definitions(args.file, exported)
+            print(
+                f"exported {len(exported['destinations'])} destinations and "
+                f"{len(exported['durable_subscriptions'])} durable subscriptions to {args.file}"
+            )
+    elif action == "import":
+        path = "/api/definitions" + ("?dry_run=true" if args.dry_run else "")
+        imported = api.call("POST", path, _read_definitions(args.file))
+        _print(args, imported, _import_text(imported))
     elif action == "store":
         shown = api.call("GET", "/api/store")
         _print(args, shown, "\n".join(f"{key}: {value}" for key, value in shown.items()))
@@ -467,6 +513,15 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
         "what", choices=["connections", "destinations", "files", "streams", "subscriptions"]
     )
     actions.add_parser("store", help="show where the message store stands")
+    export = actions.add_parser(
+        "export", help="export the destinations and durable subscriptions as JSON"
+    )
+    export.add_argument("file", nargs="?", help="write it here (default: standard output)")
+    load = actions.add_parser(
+        "import", help="import definitions exported from a broker, all or nothing"
+    )
+    load.add_argument("file", help="the definitions (JSON)")
+    load.add_argument("--dry-run", action="store_true", help="check them, change nothing")
     browse = actions.add_parser(
         "browse", help="show a queue's messages without consuming them, or search them"
     )
