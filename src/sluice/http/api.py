@@ -219,7 +219,13 @@ class DestinationsApi:
 
 
 def _log_change(caller: Caller, what: str) -> None:
-    log.warning("management API: user %s from %s %s", caller.user, caller.address, what)
+    log.warning(
+        "management API: user %s from %s %s",
+        caller.user,
+        caller.address,
+        what,
+        extra=caller.log_extra,
+    )
 
 
 def routes(server: Serving) -> list[web.RouteDef]:

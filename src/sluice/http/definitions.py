@@ -225,6 +225,7 @@ class DefinitionsApi:
                 caller.address,
                 len(plan.new_destinations),
                 len(plan.new_durables),
+                extra=caller.log_extra,
             )
         return web.json_response(answer)
 

@@ -98,7 +98,13 @@ _DONE = {
 
 
 def _log_change(caller: Caller, what: str) -> None:
-    log.warning("management API: user %s from %s %s", caller.user, caller.address, what)
+    log.warning(
+        "management API: user %s from %s %s",
+        caller.user,
+        caller.address,
+        what,
+        extra=caller.log_extra,
+    )
 
 
 def _bad(message: str) -> ApiError:
@@ -464,6 +470,7 @@ class _RetryTargets:
                     caller.address,
                     permission.value,
                     target,
+                    extra=caller.log_extra,
                 )
                 return f"access denied: {permission.value} permission on {target}"
         return None
