@@ -419,6 +419,7 @@ class Broker:
                 traffic.acked,
                 traffic.redelivered,
                 traffic.dead_lettered,
+                traffic.expired,
             )
         return totals
 

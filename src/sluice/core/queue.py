@@ -323,6 +323,7 @@ class Queue(QueuePicking):
             acked=traffic.acked,
             redelivered=traffic.redelivered,
             dead_lettered=traffic.dead_lettered,
+            expired=traffic.expired,
             last_seq=self.last_seq,
             dead_letter_queue=self.is_dlq,
         )
@@ -466,6 +467,7 @@ class Queue(QueuePicking):
             del self.pending[key]
             self._drop(message)
             self.services.dead_letter(message, "expired")
+        self.traffic.expired += len(expired)
         if expired:
             self.wakeup()  # what they held is free: read on
         return len(expired)
@@ -694,6 +696,7 @@ class Queue(QueuePicking):
             del pending[key]
             self._drop(message)
             self.services.dead_letter(message, "expired")
+        self.traffic.expired += len(p.expired)
         for key, message in p.discarded:
             del pending[key]
             self._drop(message)

@@ -293,6 +293,7 @@ class Topic(TopicLog):
             acked=traffic.acked,
             redelivered=traffic.redelivered,
             dead_lettered=traffic.dead_lettered,
+            expired=traffic.expired,
             last_seq=self.last_seq,
             dead_letter_queue=False,
         )

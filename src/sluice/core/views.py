@@ -20,7 +20,7 @@ from dataclasses import dataclass
 class Traffic:
     """Counters of one destination since the broker started (or since it was created)."""
 
-    __slots__ = ("acked", "dead_lettered", "delivered", "redelivered")
+    __slots__ = ("acked", "dead_lettered", "delivered", "expired", "redelivered")
 
     def __init__(self) -> None:
         # Deliveries handed to consumers (a redelivery counts again).
@@ -31,6 +31,9 @@ class Traffic:
         self.redelivered = 0
         # Messages of this destination sent to its dead-letter queue.
         self.dead_lettered = 0
+        # Messages that expired here before delivery (dead-lettered, or dropped when not
+        # persistent).
+        self.expired = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,7 @@ class Totals:
     acked: int = 0
     redelivered: int = 0
     dead_lettered: int = 0
+    expired: int = 0
 
     def __add__(self, other: Totals) -> Totals:
         return Totals(
@@ -51,6 +55,7 @@ class Totals:
             self.acked + other.acked,
             self.redelivered + other.redelivered,
             self.dead_lettered + other.dead_lettered,
+            self.expired + other.expired,
         )
 
 
@@ -79,6 +84,7 @@ class DestinationView:
     acked: int
     redelivered: int
     dead_lettered: int
+    expired: int
     # The sequence number of its last message.
     last_seq: int
     dead_letter_queue: bool
@@ -87,7 +93,12 @@ class DestinationView:
     def totals(self) -> Totals:
         """Its counts, as a broker total."""
         return Totals(
-            self.messages_in, self.delivered, self.acked, self.redelivered, self.dead_lettered
+            self.messages_in,
+            self.delivered,
+            self.acked,
+            self.redelivered,
+            self.dead_lettered,
+            self.expired,
         )
 
 

@@ -202,6 +202,11 @@ class Recovery:
     report: list[str] = field(default_factory=list)
 
 
+SYNC_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+"""Upper bounds, in seconds, of the buckets the journal counts its syncs' durations in (the
+last bucket, beyond 2.5 s, has none): a Prometheus histogram's `le`s."""
+
+
 @dataclass
 class StoreStats:
     """Numbers the broker exposes and uses for flow control."""
@@ -239,6 +244,10 @@ class StoreStats:
     last_checkpoint_ms: int = 0
     last_gc_ms: int = 0
     last_compaction_ms: int = 0
+    # The syncs' durations: how many fell in each bucket of SYNC_BUCKETS_S and beyond (not
+    # cumulative; empty for a store that never synced), and their sum.
+    sync_bucket_counts: tuple[int, ...] = ()
+    sync_seconds_total: float = 0.0
 
 
 @dataclass(frozen=True)
