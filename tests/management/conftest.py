@@ -65,6 +65,9 @@ class Http:
     def delete(self, path: str) -> Reply:
         return self.request("DELETE", path)
 
+    def post(self, path: str, body: Any) -> Reply:
+        return self.request("POST", path, body)
+
 
 @dataclass
 class Managed:

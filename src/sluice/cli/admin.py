@@ -1,8 +1,10 @@
 """`sluice admin --url http://HOST:PORT ...`: the management API's client, in the manner of
 `rabbitmqadmin` and `activemq query|browse|purge`: `list
-destinations|connections|subscriptions`, `show DEST`, `browse QUEUE`, `purge DEST`, `delete
-DEST`, `close CONNECTION`. A table by default, `--json` for scripts. Speaks HTTP with the
-standard library.
+destinations|connections|subscriptions|streams|files`, `show DEST`, `store`, `purge DEST`,
+`delete DEST`, `close CONNECTION`, `export [FILE]`, `import FILE`; on a queue's messages
+`browse` (a search with `--selector`, `--header`, `--id`), `count`, `move`, `copy`,
+`delete-messages`, `retry` (`--all` or a filter, `--dry-run`), and `send`. A table by
+default, `--json` for scripts. Speaks HTTP with the standard library.
 
 With `--user`, the password is read from the terminal, or with `--password-stdin` from the
 first line of standard input (never a command-line argument, where `ps` would show it).
@@ -32,6 +34,45 @@ DEFAULT_URL = f"http://{DEFAULT_HTTP_HOST}:{DEFAULT_HTTP_PORT}"
 TIMEOUT_S = 60.0
 # Items asked for per page when listing everything.
 _PAGE = 1000
+# A body `send` reads from a file: what fits a request of the API (64 KiB), as base64.
+MAX_SEND_BYTES = 45 * 1024
+
+
+def _dash(value: object) -> object:
+    return "-" if value is None else value
+
+
+def _sending(stream: dict[str, Any]) -> str:
+    if not stream["sending"]:
+        return "no"
+    return "yes" if stream["producer_connected"] else "waiting"
+
+
+def _reader(stream: dict[str, Any]) -> str:
+    if stream["reader_connection"] is None:
+        return "-"
+    return f"{stream['reader_connection']}/{stream['reader_subscription']}"
+
+
+def _resume(stream: dict[str, Any]) -> str:
+    if stream["resume_chunk"] is None:
+        return "-"
+    return f"{stream['resume_chunk']}@{_dash(stream['resume_offset'])}"
+
+
+def _pinned_by(file: dict[str, Any]) -> str:
+    """Who keeps a file: destinations with live messages (count, oldest sequence), state."""
+    oldest = file["oldest_by_destination"]
+    parts = [
+        f"{name} ({count}, from #{oldest.get(name, '?')})"
+        for name, count in sorted(file["live_by_destination"].items())
+    ]
+    if file["state_of"]:
+        parts.append(f"state of {len(file['state_of'])}")
+    if file["transaction_pins"]:
+        parts.append(f"{file['transaction_pins']} in open transactions")
+    return ", ".join(parts) or "-"
+
 
 # Table columns: (heading, how to get the cell from an item).
 Column = tuple[str, Callable[[dict[str, Any]], object]]
@@ -69,6 +110,25 @@ _TABLES: dict[str, list[Column]] = {
         ("BYTES", lambda m: m["body_bytes"]),
         ("BODY", lambda m: _preview(m["body_preview"])),
     ],
+    "streams": [
+        ("DESTINATION", lambda s: s["destination"]),
+        ("STREAM", lambda s: s["stream_id"]),
+        ("SENDING", _sending),
+        ("READING", lambda s: s["reading"]),
+        ("READER", _reader),
+        ("IN-FLIGHT", lambda s: s["chunks_in_flight"]),
+        ("DELIVERED", lambda s: _dash(s["delivered_chunk"])),
+        ("RESUME-AT", _resume),
+    ],
+    "files": [
+        ("FILE", lambda f: f["name"]),
+        ("SIZE", lambda f: f["size_bytes"]),
+        ("LIVE", lambda f: f["live_messages"]),
+        ("LIVE-BYTES", lambda f: f["live_bytes"]),
+        ("PINS", lambda f: f["pins"]),
+        ("HEAD", lambda f: "yes" if f["head"] else "no"),
+        ("PINNED-BY", _pinned_by),
+    ],
     "subscriptions": [
         ("TOPIC", lambda s: s["destination"]),
         ("CLIENT-ID", lambda s: s["client_id"]),
@@ -103,10 +163,14 @@ class _Api:
             token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
             self._auth = f"Basic {token}"
 
-    def call(self, method: str, path: str) -> Any:
-        """The JSON answer of a request; raises `AdminError` with the API's message."""
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        """The JSON answer of a request (with `body` as JSON); raises `AdminError` with the
+        API's message."""
+        data = json.dumps(body).encode() if body is not None else None
         # The scheme was checked to be http(s) in __init__.
-        request = urllib.request.Request(self.base + path, method=method)  # noqa: S310
+        request = urllib.request.Request(self.base + path, data=data, method=method)  # noqa: S310
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
         if self._auth is not None:
             request.add_header("Authorization", self._auth)
         try:
@@ -171,17 +235,179 @@ def _print(args: argparse.Namespace, value: Any, text: str) -> None:
     print(json.dumps(value, indent=2) if args.json else text)
 
 
+def _headers(items: Sequence[str]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition(":")
+        if not sep or not name:
+            raise UsageError(f"a header is NAME:VALUE, got {item!r}")
+        headers.setdefault(name, value)
+    return headers
+
+
+def _search_query(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The search parameters of `browse` and `count`."""
+    query = [("id", message_id) for message_id in args.ids]
+    query += [("header", f"{n}:{v}") for n, v in _headers(args.header).items()]
+    if args.selector is not None:
+        query.append(("selector", args.selector))
+    return query
+
+
+def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    """The request body of an operation: which messages, and whether to only count them."""
+    body: dict[str, Any] = {"dry_run": args.dry_run}
+    if args.ids:
+        body["ids"] = args.ids
+    if args.header:
+        body["headers"] = _headers(args.header)
+    if args.selector is not None:
+        body["selector"] = args.selector
+    chosen = len(body) > 1
+    if args.all == chosen:
+        raise UsageError("choose the messages: --selector, --header or --id, or --all alone")
+    if args.all:
+        body["all"] = True
+    return body
+
+
+_DONE = {"delete": "deleted", "move": "moved", "copy": "copied", "retry": "retried"}
+
+
+def _operation_text(result: dict[str, Any], source: str) -> str:
+    action = result["action"]
+    done = result[_DONE[action]]
+    lines = [
+        f"{'would ' + action if result['dry_run'] else _DONE[action]} {done} of "
+        f"{result['matched']} matching messages of {source}"
+    ]
+    lines += [f"  {count} to {target}" for target, count in sorted(result["targets"].items())]
+    lines += [f"  {count} skipped: {reason}" for reason, count in sorted(result["skipped"].items())]
+    return "\n".join(lines)
+
+
+def _send_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "headers": _headers(args.header),
+        "persistent": args.persistent,
+        "priority": args.priority,
+        "expires_ms": args.expires_ms,
+    }
+    if args.file is not None:
+        if args.body is not None:
+            raise UsageError("give a BODY or --file, not both")
+        try:
+            with open(args.file, "rb") as source:
+                payload = source.read(MAX_SEND_BYTES + 1)
+        except OSError as exc:
+            raise AdminError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+        if len(payload) > MAX_SEND_BYTES:
+            raise AdminError(f"{args.file} is over {MAX_SEND_BYTES} bytes: use sluice send")
+        body["body_base64"] = base64.b64encode(payload).decode()
+    else:
+        body["body"] = args.body or ""
+    return body
+
+
+def _run_messages(api: _Api, args: argparse.Namespace) -> bool:
+    """The commands on messages; False if `args.action` is not one of them."""
+    action: str = args.action
+    if action == "browse":
+        path = _destination_path(args.destination) + "/messages"
+        query = [("after", str(args.after)), ("limit", str(args.limit)), ("preview", "256")]
+        query += _search_query(args)
+        page = api.call("GET", f"{path}?{urllib.parse.urlencode(query)}")
+        _print(args, page, _table(_TABLES["messages"], page["items"]))
+    elif action == "count":
+        path = _destination_path(args.destination) + "/messages/count"
+        search = urllib.parse.urlencode(_search_query(args))
+        counted = api.call("GET", f"{path}?{search}" if search else path)
+        text = (
+            f"{counted['count']} messages of {args.destination} match "
+            f"({counted['waiting']} waiting, {counted['in_flight']} in flight)"
+        )
+        _print(args, counted, text)
+    elif action in ("move", "copy", "delete-messages", "retry"):
+        operation = "delete" if action == "delete-messages" else action
+        body = _selection(args)
+        if operation in ("move", "copy"):
+            _destination_path(args.target)  # checked like the source
+            body["to"] = args.target
+        path = f"{_destination_path(args.destination)}/messages/{operation}"
+        result = api.call("POST", path, body)
+        _print(args, result, _operation_text(result, args.destination))
+    elif action == "send":
+        path = _destination_path(args.destination) + "/messages"
+        sent = api.call("POST", path, _send_body(args))
+        text = (
+            f"dropped as a duplicate: {args.destination} saw its x-dedup-id"
+            if sent["duplicate"]
+            else f"sent {sent['message_id']} to {args.destination}"
+        )
+        _print(args, sent, text)
+    else:
+        return False
+    return True
+
+
+def _read_definitions(path: str) -> Any:
+    try:
+        with open(path, "rb") as source:
+            return json.loads(source.read())
+    except OSError as exc:
+        raise AdminError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise AdminError(f"{path} is not JSON: {exc}") from None
+
+
+def _write_definitions(path: str, exported: Any) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as target:
+            json.dump(exported, target, indent=2)
+            target.write("\n")
+    except OSError as exc:
+        raise AdminError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _import_text(imported: dict[str, Any]) -> str:
+    created, existing = imported["created"], imported["existing"]
+    verb = "would create" if imported["dry_run"] else "created"
+    lines = [
+        f"{verb} {len(created['destinations'])} destinations and "
+        f"{len(created['durable_subscriptions'])} durable subscriptions "
+        f"({existing['destinations']} destinations and {existing['durable_subscriptions']} "
+        f"durable subscriptions were there)"
+    ]
+    lines += [f"  not applied: {line}" for line in imported["policy_differences"]]
+    return "\n".join(lines)
+
+
 def _run_admin(args: argparse.Namespace) -> int:
     api = _Api(args.url, args.user, _password(args))
     action: str = args.action
+    if _run_messages(api, args):
+        return ExitCode.OK
     if action == "list":
         what: str = args.what
-        items = api.all_items(f"/api/{what}")
+        items = api.all_items("/api/store/files" if what == "files" else f"/api/{what}")
         _print(args, items, _table(_TABLES[what], items))
-    elif action == "browse":
-        path = _destination_path(args.destination) + "/messages"
-        page = api.call("GET", f"{path}?after={args.after}&limit={args.limit}&preview=256")
-        _print(args, page, _table(_TABLES["messages"], page["items"]))
+    elif action == "export":
+        exported = api.call("GET", "/api/definitions")
+        if args.file is None:
+            print(json.dumps(exported, indent=2))
+        else:
+            _write_definitions(args.file, exported)
+            print(
+                f"exported {len(exported['destinations'])} destinations and "
+                f"{len(exported['durable_subscriptions'])} durable subscriptions to {args.file}"
+            )
+    elif action == "import":
+        path = "/api/definitions" + ("?dry_run=true" if args.dry_run else "")
+        imported = api.call("POST", path, _read_definitions(args.file))
+        _print(args, imported, _import_text(imported))
+    elif action == "store":
+        shown = api.call("GET", "/api/store")
+        _print(args, shown, "\n".join(f"{key}: {value}" for key, value in shown.items()))
     elif action == "show":
         shown = api.call("GET", _destination_path(args.destination))
         _print(args, shown, "\n".join(f"{key}: {value}" for key, value in shown.items()))
@@ -209,6 +435,63 @@ def _connection_id(value: str) -> int:
     return int(value)
 
 
+def _add_filter(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--selector", help="a JMS selector the messages pass")
+    parser.add_argument(
+        "-H",
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="a header the messages have with this value (repeatable: all of them)",
+    )
+    parser.add_argument(
+        "--id",
+        action="append",
+        default=[],
+        dest="ids",
+        metavar="MESSAGE-ID",
+        help="a message id (repeatable: any of them)",
+    )
+
+
+def _add_operations(actions: Any) -> None:
+    for name, text, target in (
+        ("move", "move a queue's messages to another destination", True),
+        ("copy", "copy a queue's messages to another destination", True),
+        ("delete-messages", "delete a queue's messages", False),
+        ("retry", "send dead letters back to the destination each came from", False),
+    ):
+        parser = actions.add_parser(name, help=text)
+        parser.add_argument("destination", help="/queue/NAME")
+        if target:
+            parser.add_argument("target", help="/queue/NAME or /topic/NAME")
+        _add_filter(parser)
+        parser.add_argument("--all", action="store_true", help="every message (never the default)")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="count what would be done, change nothing"
+        )
+    send = actions.add_parser("send", help="send a message through the management API")
+    send.add_argument("destination", help="/queue/NAME or /topic/NAME")
+    send.add_argument("body", nargs="?", help="the body (text)")
+    send.add_argument("--file", help=f"the body from this file (at most {MAX_SEND_BYTES} bytes)")
+    send.add_argument(
+        "-H", "--header", action="append", default=[], metavar="NAME:VALUE", help="a header"
+    )
+    send.add_argument("--persistent", action="store_true", help="stored before it is answered")
+    send.add_argument("--priority", type=_priority, default=4, help="0-9 (default 4)")
+    send.add_argument(
+        "--expires-ms", type=_count, default=0, help="expiry, ms since the epoch (0: never)"
+    )
+
+
+def _priority(value: str) -> int:
+    number = _count(value)
+    if number > 9:
+        raise argparse.ArgumentTypeError(f"a priority is 0 to 9, got {value!r}")
+    return number
+
+
 def add_parsers(sub: Any) -> dict[str, Runner]:
     """Add `admin` to the subcommand parsers; return its runner by name."""
     a = sub.add_parser("admin", help="operate a running broker through its management API")
@@ -221,12 +504,35 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
     )
     a.add_argument("--json", action="store_true", help="print the API's JSON, for scripts")
     actions = a.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", help="list destinations, connections or subscriptions")
-    listing.add_argument("what", choices=["connections", "destinations", "subscriptions"])
-    browse = actions.add_parser("browse", help="show a queue's messages without consuming them")
+    listing = actions.add_parser(
+        "list",
+        help="list destinations, connections, durable subscriptions, streams in progress, or "
+        "the store's data files",
+    )
+    listing.add_argument(
+        "what", choices=["connections", "destinations", "files", "streams", "subscriptions"]
+    )
+    actions.add_parser("store", help="show where the message store stands")
+    export = actions.add_parser(
+        "export", help="export the destinations and durable subscriptions as JSON"
+    )
+    export.add_argument("file", nargs="?", help="write it here (default: standard output)")
+    load = actions.add_parser(
+        "import", help="import definitions exported from a broker, all or nothing"
+    )
+    load.add_argument("file", help="the definitions (JSON)")
+    load.add_argument("--dry-run", action="store_true", help="check them, change nothing")
+    browse = actions.add_parser(
+        "browse", help="show a queue's messages without consuming them, or search them"
+    )
     browse.add_argument("destination", help="/queue/NAME")
     browse.add_argument("--limit", type=_count, default=20, help="messages (1-100, default 20)")
     browse.add_argument("--after", type=_count, default=0, help="after this sequence number")
+    _add_filter(browse)
+    count = actions.add_parser("count", help="count a queue's messages (that a filter matches)")
+    count.add_argument("destination", help="/queue/NAME")
+    _add_filter(count)
+    _add_operations(actions)
     for name, text in (
         ("show", "show one destination"),
         ("purge", "remove the messages of a queue that wait for a consumer"),

@@ -18,6 +18,7 @@ from sluice import __version__
 from sluice import config as config_mod
 from sluice.cli.common import Runner
 from sluice.cli.exitcodes import ExitCode
+from sluice.cli.logformat import LogFormat
 from sluice.errors import SluiceError
 
 __all__ = ["add_parsers"]
@@ -97,16 +98,15 @@ def _run_broker(args: argparse.Namespace) -> int:
         if server.latency is not None:
             loop.add_signal_handler(signal.SIGUSR1, server.report_latency)
         if management is not None:
-            print(f"sluice management API on {management.url}", file=sys.stderr, flush=True)
-        print(
+            _announce(args, f"sluice management API on {management.url}")
+        _announce(
+            args,
             f"sluice {__version__} listening on "
             + ", ".join(str(bound) for bound in server.listeners)
             + " "
             f"(store: {cfg.store.kind.value}"
             + (f", data: {cfg.store.data_dir}" if cfg.store.kind.value == "journal" else "")
             + ")",
-            file=sys.stderr,
-            flush=True,
         )
         await stop.wait()
         # Whatever the disk does, the broker is gone within SHUTDOWN_TIMEOUT_S: past it, it
@@ -121,6 +121,16 @@ def _run_broker(args: argparse.Namespace) -> int:
 
     asyncio.run(serve())
     return ExitCode.OK
+
+
+def _announce(args: argparse.Namespace, text: str) -> None:
+    """Say where the broker serves, on standard error whatever the log level (scripts wait for
+    these lines): as text, or as a JSON log line with `--log-format json`, so that every line
+    is one."""
+    if args.log_format is LogFormat.JSON:
+        log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, text, (), None))
+    else:
+        print(text, file=sys.stderr, flush=True)
 
 
 def _freeze_startup_objects() -> None:
@@ -174,6 +184,15 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
     )
     b.add_argument(
         "--no-http", action="store_true", help="no management API, /metrics or health checks"
+    )
+    b.add_argument(
+        "--log-format",
+        type=LogFormat,
+        choices=list(LogFormat),
+        default=LogFormat.TEXT,
+        metavar="text|json",
+        help="log lines as text (default) or one JSON object per line (ts, level, logger, "
+        "message, and connection_id, session, peer, user where known)",
     )
     b.add_argument("--data", type=Path, help="data directory of the journal store")
     b.add_argument("--store", choices=["memory", "journal"], help="message store")

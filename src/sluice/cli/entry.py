@@ -18,6 +18,7 @@ from sluice import __version__
 from sluice.cli import admin, bench, broker, messages, store, transfer, users
 from sluice.cli.common import Runner, UsageError
 from sluice.cli.exitcodes import ExitCode
+from sluice.cli.logformat import LogFormat, setup_logging
 from sluice.errors import SluiceError
 
 __all__ = ["build_parser", "main"]
@@ -50,19 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     return _parser_and_commands()[0]
 
 
-def _setup_logging(verbose: int, command: str) -> None:
+def _setup_logging(verbose: int, command: str, log_format: LogFormat) -> None:
     quiet = logging.ERROR if command in _QUIET_COMMANDS else logging.WARNING
     level = quiet if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    setup_logging(level, log_format)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     parser, commands = _parser_and_commands()
     args = parser.parse_args(argv)
-    _setup_logging(args.verbose, args.command)
+    _setup_logging(args.verbose, args.command, getattr(args, "log_format", LogFormat.TEXT))
     try:
         return commands[args.command](args)
     except UsageError as exc:

@@ -34,7 +34,7 @@ from sluice.core.queue import Queue
 from sluice.core.services import Cancellable, FlowReason, Loop, Producer
 from sluice.core.topic import Topic
 from sluice.core.usage import Usage
-from sluice.core.views import DestinationView, DurableView, Totals
+from sluice.core.views import DestinationView, DurableView, StreamView, Totals
 from sluice.core.wildcard import WildcardIndex, compile_pattern, is_wildcard
 from sluice.errors import (
     DestinationInUseError,
@@ -419,6 +419,7 @@ class Broker:
                 traffic.acked,
                 traffic.redelivered,
                 traffic.dead_lettered,
+                traffic.expired,
             )
         return totals
 
@@ -432,6 +433,14 @@ class Broker:
             view
             for destination in self.destinations.values()
             for view in destination.durable_views()
+        ]
+
+    def stream_views(self) -> list[StreamView]:
+        """Every stream in progress: being sent, or being read."""
+        return [
+            view
+            for destination in self.destinations.values()
+            for view in destination.stream_views()
         ]
 
     def find(self, name: str) -> Destination | None:

@@ -336,6 +336,7 @@ class BrokerConnection:
             durable_name=durable_name,
             client_id=self.client_id,
             tags=self.tags,
+            connection_id=self.id,
         )
         if not isinstance(destination, Topic):
             destination.add_subscription(sub)
@@ -378,6 +379,7 @@ class BrokerConnection:
                 selector=selector,
                 client_id=self.client_id,
                 tags=self.tags,
+                connection_id=self.id,
             )
             child.link_data = wildcard.link_data
             wildcard.children.append(child)

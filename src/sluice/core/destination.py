@@ -15,7 +15,14 @@ from sluice.config import DestinationPolicy
 from sluice.core.message import DestinationKind, Message
 from sluice.core.streams import OpenStreams
 from sluice.core.usage import Usage
-from sluice.core.views import DestinationView, DurableView, MessageView, Traffic
+from sluice.core.views import (
+    DestinationView,
+    DurableView,
+    MessageView,
+    StreamReading,
+    StreamView,
+    Traffic,
+)
 from sluice.errors import RequestError
 
 if TYPE_CHECKING:
@@ -223,6 +230,26 @@ class Destination:
         """Its durable subscriptions (a queue has none)."""
         return []
 
+    def stream_views(self) -> list[StreamView]:
+        """The streams being sent to it (a queue tells of their reading too)."""
+        return [
+            StreamView(
+                self.name,
+                stream_id,
+                sending=True,
+                producer_connected=connected,
+                last_chunk_ms=last_ms,
+                reading=StreamReading.NONE,
+                reader_connection=None,
+                reader_subscription=None,
+                chunks_in_flight=0,
+                delivered_chunk=None,
+                resume_chunk=None,
+                resume_offset=None,
+            )
+            for stream_id, last_ms, connected in self.open_streams.entries()
+        ]
+
     def _in_flight(self) -> int:
         return sum(len(sub.inflight) for sub in self.subscriptions)
 
@@ -230,7 +257,14 @@ class Destination:
         """Remove messages waiting for a consumer (a queue's; see `Queue.purge`)."""
         raise RequestError(f"{self.name} is not a queue: only queues can be purged")
 
-    def browse(self, after_seq: int, limit: int, preview_bytes: int) -> list[MessageView]:
+    def browse(
+        self,
+        after_seq: int,
+        limit: int,
+        preview_bytes: int,
+        matches: Callable[[Message], bool] | None = None,
+        scan_limit: int = 0,
+    ) -> tuple[list[MessageView], int | None]:
         """Messages after `after_seq`, without consuming them (a queue's; `Queue.browse`)."""
         raise RequestError(f"{self.name} is not a queue: only queues can be browsed")
 

@@ -46,6 +46,22 @@ def pending_key(message: Message) -> int:
 _key = pending_key
 
 
+def pending_after(pending: SortedDict, after_seq: int, max_count: int) -> list[Message]:
+    """The first `max_count` messages of `pending` after `after_seq`, by sequence (each
+    priority's messages are in sequence order: take the first of each, then merge)."""
+    top = (1 << _PRIORITY_SHIFT) - 1
+    found: list[Message] = []
+    for priority in range(10):
+        base = (9 - priority) << _PRIORITY_SHIFT
+        keys = pending.irange(base | (after_seq + 1), base | top)
+        for count, key in enumerate(keys):
+            if count >= max_count:
+                break
+            found.append(pending[key])
+    found.sort(key=lambda m: m.seq)
+    return found[:max_count]
+
+
 def _credit(sub: Subscription) -> tuple[int, int]:
     """What a subscription may still be sent: messages and bytes (a page's worth if unbounded)."""
     if sub.auto:
@@ -125,6 +141,32 @@ class Evicted:
         if not entries:
             del self._groups[group_id]
 
+    def find(self, seq: int, group_id: str | None) -> tuple[int, int] | None:
+        """(delivery count, bytes) of an evicted message of this group; None if it is not."""
+        entries = self._groups.get(group_id)
+        if entries is None:
+            return None
+        at = bisect.bisect_left(entries, (seq,))
+        if at < len(entries) and entries[at][0] == seq:
+            return entries[at][1], entries[at][2]
+        return None
+
+    def remove(self, seq: int, group_id: str | None) -> bool:
+        """Forget one evicted message (an operator took it); False if it was not here."""
+        entries = self._groups.get(group_id)
+        if entries is None:
+            return False
+        at = bisect.bisect_left(entries, (seq,))
+        if at == len(entries) or entries[at][0] != seq:
+            return False
+        if at == 0:
+            self.pop_first(group_id)
+            return True
+        _seq, _count, nbytes = entries.pop(at)
+        self._size -= 1
+        self.nbytes -= nbytes
+        return True
+
     def take_all(self) -> list[int]:
         """Forget every message remembered (a purge); returns their sequences."""
         seqs = [entry[0] for entries in self._groups.values() for entry in entries]
@@ -174,8 +216,15 @@ class QueuePaging(Destination):
     streams: StreamGroups
     exclusive_owner: Subscription | None
 
+    # Set by `Queue.__init__` (see `picking.py`).
+    _claimed: dict[int, bool]
+
     def _release_idle_groups(self, sub: Subscription, now_ms: int) -> None:
         """Forget groups of `sub` idle past the policy's timeout (the queue's rule)."""
+        raise NotImplementedError
+
+    def _passed_claimed(self, seq: int, nbytes: int) -> bool:
+        """Paging reached an unread message: True if an operator took it (`picking.py`)."""
         raise NotImplementedError
 
     def _evict(self, key: int, message: Message) -> bool:
@@ -370,6 +419,8 @@ class QueuePaging(Destination):
             for item in page:
                 if item.seq > cutoff:
                     break
+                if self._claimed and self._passed_claimed(item.seq, item.size):
+                    continue  # an operator took it
                 message = Message.from_stored(item, 1 if item.seq <= self.recovered_mark else 0)
                 self.stored_ahead -= 1
                 self.stored_ahead_bytes -= message.nbytes
@@ -391,8 +442,9 @@ class QueuePaging(Destination):
         self.services.count("paged_in", loaded)
         if left:
             self.services.count("paged_past", left)
-            if not self.usage.full:
-                self.wakeup()  # read on: what was read was for nobody now
+        if (left or not loaded) and not self.usage.full:
+            # Read on: what was read was for nobody now, or an operator had taken all of it.
+            self.wakeup()
         return True
 
     def _seen_stored(self, message: Message) -> None:

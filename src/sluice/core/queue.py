@@ -63,40 +63,19 @@ from sluice.core.dispatch import (
     Verdict,
 )
 from sluice.core.message import STREAM_ID, DestinationKind, Message, closes_group
-from sluice.core.paging import MAX_EVICTED, PAGE_BYTES, PAGE_MESSAGES, Evicted, QueuePaging
+from sluice.core.paging import MAX_EVICTED, PAGE_BYTES, PAGE_MESSAGES, Evicted
 from sluice.core.paging import pending_key as _key
+from sluice.core.picking import QueuePicking
 from sluice.core.streams import StreamGroups
 from sluice.core.usage import Usage
-from sluice.core.views import DestinationView, MessageView
-from sluice.store.api import StoredMessage
+from sluice.core.views import DestinationView
 
 if TYPE_CHECKING:
     from sluice.core.subscription import Subscription
     from sluice.store.api import WriteHandle
 
-# A browse reads at most this much of the store at a time.
-_BROWSE_BYTES = 64 << 20
 
-
-def _message_view(
-    message: StoredMessage, delivery_count: int, in_flight: bool, preview_bytes: int
-) -> MessageView:
-    return MessageView(
-        seq=message.seq,
-        message_id=message.message_id,
-        timestamp_ms=message.timestamp_ms,
-        priority=message.priority,
-        persistent=message.persistent,
-        expires_ms=message.expires_ms,
-        delivery_count=delivery_count,
-        in_flight=in_flight,
-        headers=dict(message.headers),
-        body_bytes=len(message.body),
-        body_preview=bytes(message.body[:preview_bytes]),
-    )
-
-
-class Queue(QueuePaging):
+class Queue(QueuePicking):
     """A point-to-point destination."""
 
     kind = DestinationKind.QUEUE
@@ -133,6 +112,8 @@ class Queue(QueuePaging):
         # their bytes: what paging has yet to read. Counted for operators, not for paging.
         self.stored_ahead = 0
         self.stored_ahead_bytes = 0
+        # Unread messages an operator took (`picking.py`): paging passes over them.
+        self._claimed: dict[int, bool] = {}
         # Evicted messages without a group are read back after an event that may let a consumer
         # take them (an ack, a consumer coming or going), not in a loop.
         self._retry_ungrouped = True
@@ -278,6 +259,7 @@ class Queue(QueuePaging):
             acked=traffic.acked,
             redelivered=traffic.redelivered,
             dead_lettered=traffic.dead_lettered,
+            expired=traffic.expired,
             last_seq=self.last_seq,
             dead_letter_queue=self.is_dlq,
         )
@@ -421,31 +403,10 @@ class Queue(QueuePaging):
             del self.pending[key]
             self._drop(message)
             self.services.dead_letter(message, "expired")
+        self.traffic.expired += len(expired)
         if expired:
             self.wakeup()  # what they held is free: read on
         return len(expired)
-
-    def browse(self, after_seq: int, limit: int, preview_bytes: int) -> list[MessageView]:
-        """The first `limit` messages after `after_seq`, in sequence order, without consuming
-        them: those waiting in memory, those consumers hold, and those a store holds alone."""
-        found: dict[int, tuple[StoredMessage, int, bool]] = {}
-        for message in self.pending.values():
-            if message.seq > after_seq:
-                found[message.seq] = (message, message.delivery_count, False)
-        for sub in self.subscriptions:
-            for message in sub.inflight.values():
-                if message.seq > after_seq:
-                    found[message.seq] = (message, message.delivery_count, True)
-        cutoff = self.last_seq
-        stores = [self.store] if self.temp_store is None else [self.store, self.temp_store]
-        for store in stores:
-            page = store.load(self.name, after_seq, limit, _BROWSE_BYTES)
-            if page and (len(page) >= limit or sum(m.size for m in page) >= _BROWSE_BYTES):
-                cutoff = min(cutoff, page[-1].seq)  # the store may hold more beyond the page
-            for item in page:
-                found.setdefault(item.seq, (item, 0, False))
-        seqs = sorted(seq for seq in found if seq <= cutoff)[:limit]
-        return [_message_view(*found[seq], preview_bytes) for seq in seqs]
 
     def purge(self, upto_seq: int, max_messages: int) -> int:
         """Remove messages waiting for a consumer whose sequence is at most `upto_seq`: those in
@@ -493,6 +454,8 @@ class Queue(QueuePaging):
             for item in page:
                 if item.seq > cutoff:
                     break
+                if self._claimed and self._passed_claimed(item.seq, item.size):
+                    continue
                 store.remove(self.name, item.seq)
                 self.stored_ahead -= 1
                 self.stored_ahead_bytes -= item.size
@@ -688,6 +651,7 @@ class Queue(QueuePaging):
             del pending[key]
             self._drop(message)
             self.services.dead_letter(message, "expired")
+        self.traffic.expired += len(p.expired)
         for key, message in p.discarded:
             del pending[key]
             self._drop(message)

@@ -61,6 +61,11 @@ class OpenStreams:
     def __contains__(self, stream_id: str) -> bool:
         return stream_id in self._open
 
+    def entries(self) -> list[tuple[str, int, bool]]:
+        """(stream id, when its last chunk came, whether a producer is sending it), least
+        recently active first."""
+        return [(sid, e.last_ms, e.producer is not None) for sid, e in self._open.items()]
+
     def producer(self, stream_id: str) -> StreamProducer | None:
         """The connection that sent the stream's last chunk (None if unknown or recovered)."""
         entry = self._open.get(stream_id)

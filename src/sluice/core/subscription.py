@@ -139,6 +139,7 @@ class Subscription:
         "auto",
         "backlog",
         "client_id",
+        "connection_id",
         "destination",
         "durable",
         "durable_name",
@@ -174,8 +175,11 @@ class Subscription:
         durable_name: str | None = None,
         client_id: str | None = None,
         tags: DeliveryTags | None = None,
+        connection_id: int = 0,
     ) -> None:
         self.link = link
+        # The connection's id (`BrokerConnection.id`), for operators.
+        self.connection_id = connection_id
         self.id = sub_id
         self.destination = destination
         self.ack_mode = ack_mode

@@ -157,6 +157,19 @@ class Topic(TopicLog):
         sub.next_seq = durable.cursor + 1
         super().add_subscription(sub)
 
+    def create_durable(self, client_id: str, name: str, selector: str | None) -> bool:
+        """Create a durable subscription without a consumer (an operator's, from definitions):
+        it keeps what is published from now on. False if it exists (left as it is)."""
+        key = (client_id, name)
+        if key in self.durables:
+            return False
+        cursor = self.last_seq
+        self.durables[key] = Durable(client_id, name, selector, cursor, cursor)
+        self.store.put_subscription(
+            RecoveredSubscription(client_id, name, self.name, selector, cursor)
+        )
+        return True
+
     def restore_retention(self) -> None:
         """After a restart, keep what the store holds for at least another retention period:
         the exact times and sizes of the messages before the restart are not known here, and
@@ -280,6 +293,7 @@ class Topic(TopicLog):
             acked=traffic.acked,
             redelivered=traffic.redelivered,
             dead_lettered=traffic.dead_lettered,
+            expired=traffic.expired,
             last_seq=self.last_seq,
             dead_letter_queue=False,
         )

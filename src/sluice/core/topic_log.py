@@ -321,6 +321,7 @@ class TopicLog(Destination):
         expired = self._expired
         if seq not in expired:
             expired[seq] = None
+            self.traffic.expired += 1
             if len(expired) > _MAX_EXPIRED_REMEMBERED:
                 expired.popitem(last=False)
             if message.persistent:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sluice.core.message import DEDUP_ID, Message
 from sluice.errors import LimitExceeded
@@ -33,6 +33,24 @@ log = logging.getLogger(__name__)
 STUB_OVERHEAD_BYTES = 256
 
 
+class Taken(Protocol):
+    """A waiting message an operator took out of its queue for this transaction to remove
+    (`picking.Taken`)."""
+
+    @property
+    def message(self) -> Message:
+        """The message taken."""
+        ...
+
+    def settle(self) -> None:
+        """Its removal is written: its queue forgets it."""
+        ...
+
+    def give_back(self) -> None:
+        """The transaction failed: it waits in its queue again."""
+        ...
+
+
 @dataclass
 class _CommitPlan:
     """What a COMMIT writes, and what it must undo if the write fails."""
@@ -47,15 +65,32 @@ class _CommitPlan:
 class Transaction:
     """One open transaction of a connection."""
 
-    __slots__ = ("acks", "adds", "broker", "held_bytes", "id", "store_id", "uses_temp_store")
+    __slots__ = (
+        "acks",
+        "adds",
+        "broker",
+        "check_dedup",
+        "held_bytes",
+        "id",
+        "store_id",
+        "taken",
+        "uses_temp_store",
+    )
 
-    def __init__(self, broker: Broker, txid: str, store_id: str) -> None:
+    def __init__(
+        self, broker: Broker, txid: str, store_id: str, *, check_dedup: bool = True
+    ) -> None:
         self.broker = broker
         self.id = txid
         self.store_id = store_id
         # Stubs of the messages sent (the whole message only with the memory store).
         self.adds: list[tuple[Destination, Message]] = []
         self.acks: list[tuple[Subscription, int, Message]] = []
+        # Waiting messages an operator took out of their queues, removed at COMMIT.
+        self.taken: list[Taken] = []
+        # Drop sends whose `x-dedup-id` was seen (a producer's retry); an operator moving a
+        # message sends it again on purpose, and turns this off.
+        self.check_dedup = check_dedup
         # Memory the transaction holds until it ends (counted in the broker's usage).
         self.held_bytes = 0
         # Non-persistent messages of the transaction were written to the temp store.
@@ -107,6 +142,15 @@ class Transaction:
         broker.usage.add(held)
         return store is None
 
+    def take(self, taken: Taken) -> None:
+        """Remove a message an operator took out of its queue, at COMMIT, with the sends: a
+        stored one with the transaction's records (so the store removes it if and only if the
+        COMMIT is written)."""
+        message = taken.message
+        if message.in_store:
+            self.broker.store.remove(message.destination, message.seq, None, self.store_id)
+        self.taken.append(taken)
+
     def commit(self, on_done: Callable[[], None], on_failed: Callable[[], None] | None) -> None:
         """Make the sends visible and the acks final: `on_done` once written, or `on_failed`
         if the store failed to write the COMMIT (nothing of it then shows)."""
@@ -138,7 +182,11 @@ class Transaction:
         if self.uses_temp_store and temp_store is not None:
             waiting += 1
             temp_store.commit(self.store_id, plan.temp_seqs, written)
-        if plan.seqs or any(m.in_store for _, _, m in self.acks):
+        if (
+            plan.seqs
+            or any(m.in_store for _, _, m in self.acks)
+            or any(t.message.in_store for t in self.taken)
+        ):
             broker.store.commit(self.store_id, plan.seqs, written)
         else:
             broker.store.abort(self.store_id)
@@ -149,7 +197,7 @@ class Transaction:
         plan = _CommitPlan()
         broker = self.broker
         for i, (destination, message) in enumerate(self.adds):
-            dedup_id = message.headers.get(DEDUP_ID)
+            dedup_id = message.headers.get(DEDUP_ID) if self.check_dedup else None
             if dedup_id is not None:
                 if dedup_id in destination.dedup:
                     # Committed by someone else since it was sent: keep only the first.
@@ -182,6 +230,8 @@ class Transaction:
             destination.publish_committed(message)
         for sub, _tag, message in self.acks:
             sub.destination.settle(sub, message, store_removed=True)
+        for taken in self.taken:
+            taken.settle()
 
     def _commit_failed(
         self, duplicates: set[int], registered: list[tuple[Destination, str]]
@@ -195,6 +245,7 @@ class Transaction:
         for destination, dedup_id in registered:
             destination.dedup.discard(dedup_id)
         self._requeue_acks()
+        self._give_back()
 
     def rollback(self) -> None:
         """ABORT (or the connection ended): the stores forget the sends; what was acknowledged
@@ -206,6 +257,12 @@ class Transaction:
         broker.usage.release(self.held_bytes)
         self._unpin()
         self._requeue_acks()
+        self._give_back()
+
+    def _give_back(self) -> None:
+        for taken in self.taken:
+            taken.give_back()
+        self.taken.clear()
 
     def _unpin(self) -> None:
         """The transaction ended: its destinations may be removed when idle."""

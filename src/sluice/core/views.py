@@ -1,7 +1,7 @@
 """What an operator may see of the running broker, as values: a destination
 (`DestinationView`), a durable subscription (`DurableView`), a client connection
-(`ConnectionView`) and the broker's message totals (`Totals`); and the counters each
-destination keeps of its traffic (`Traffic`).
+(`ConnectionView`), a stream in progress (`StreamView`) and the broker's message totals
+(`Totals`); and the counters each destination keeps of its traffic (`Traffic`).
 
 The core builds the views when asked (`Broker.destination_views`, `Broker.totals`, ...); the
 management API and the metrics read them and never reach into the objects behind them. A
@@ -13,13 +13,14 @@ not counted at all (a destination's sequence numbers say it).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 
 class Traffic:
     """Counters of one destination since the broker started (or since it was created)."""
 
-    __slots__ = ("acked", "dead_lettered", "delivered", "redelivered")
+    __slots__ = ("acked", "dead_lettered", "delivered", "expired", "redelivered")
 
     def __init__(self) -> None:
         # Deliveries handed to consumers (a redelivery counts again).
@@ -30,6 +31,9 @@ class Traffic:
         self.redelivered = 0
         # Messages of this destination sent to its dead-letter queue.
         self.dead_lettered = 0
+        # Messages that expired here before delivery (dead-lettered, or dropped when not
+        # persistent).
+        self.expired = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +46,7 @@ class Totals:
     acked: int = 0
     redelivered: int = 0
     dead_lettered: int = 0
+    expired: int = 0
 
     def __add__(self, other: Totals) -> Totals:
         return Totals(
@@ -50,6 +55,7 @@ class Totals:
             self.acked + other.acked,
             self.redelivered + other.redelivered,
             self.dead_lettered + other.dead_lettered,
+            self.expired + other.expired,
         )
 
 
@@ -78,6 +84,7 @@ class DestinationView:
     acked: int
     redelivered: int
     dead_lettered: int
+    expired: int
     # The sequence number of its last message.
     last_seq: int
     dead_letter_queue: bool
@@ -86,7 +93,12 @@ class DestinationView:
     def totals(self) -> Totals:
         """Its counts, as a broker total."""
         return Totals(
-            self.messages_in, self.delivered, self.acked, self.redelivered, self.dead_lettered
+            self.messages_in,
+            self.delivered,
+            self.acked,
+            self.redelivered,
+            self.dead_lettered,
+            self.expired,
         )
 
 
@@ -138,3 +150,36 @@ class MessageView:
     headers: dict[str, str]
     body_bytes: int
     body_preview: bytes
+
+
+class StreamReading(enum.Enum):
+    """Where the reading of a stream stands."""
+
+    NONE = "none"  # no consumer has taken it yet
+    READING = "reading"  # a consumer holds it
+    RESUMING = "resuming"  # its consumer left in the middle: the next one resumes
+    DISCARDING = "discarding"  # its consumer left; the rest goes to the DLQ (stream_policy)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamView:
+    """A stream in progress: still being sent (`sending`: its end has not come; by a connected
+    producer, or recovered after a restart and waiting for its producer), or being read.
+
+    Chunk numbers are `x-stream-seq`s. The reader holds `chunks_in_flight` chunks, the furthest
+    `delivered_chunk`; `resume_chunk` (at byte `resume_offset`) is the first chunk not
+    acknowledged, where the next reader starts if this one dies (None when no chunk of it is in
+    memory: the rest waits in the store)."""
+
+    destination: str
+    stream_id: str
+    sending: bool
+    producer_connected: bool
+    last_chunk_ms: int | None
+    reading: StreamReading
+    reader_connection: int | None
+    reader_subscription: str | None
+    chunks_in_flight: int
+    delivered_chunk: int | None
+    resume_chunk: int | None
+    resume_offset: int | None

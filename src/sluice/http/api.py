@@ -1,6 +1,6 @@
 """The API's overview and destinations: `/api/overview`, `/api/destinations` (list, filter,
 sort, paginate) and one destination (`/api/destinations/{queue|topic}/{name}`: show, create
-with PUT, delete; and its `messages`: browse with GET, purge with DELETE).
+with PUT, delete). Its messages are in `messages.py`.
 
 A destination's short name goes in the path percent-encoded (`orders%2Feu` for `orders/eu`).
 Every change is logged with the user who made it.
@@ -8,7 +8,6 @@ Every change is logged with the user who made it.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import operator
@@ -21,22 +20,17 @@ from sluice import __version__
 from sluice.auth.identity import Permission
 from sluice.core.message import DestinationNameError
 from sluice.core.views import DestinationView
-from sluice.errors import DestinationInUseError, LimitExceeded, RequestError
+from sluice.errors import DestinationInUseError, LimitExceeded
 from sluice.http.context import Serving
 from sluice.http.errors import ApiError, ErrorCode
 from sluice.http.gate import Caller, caller_of
-from sluice.http.listing import page_of, query_int
+from sluice.http.listing import page_of
 
 __all__ = ["routes"]
 
 log = logging.getLogger(__name__)
 
-# A purge removes this many messages, then lets the loop run, until it is done.
-PURGE_STEP = 1000
 _KINDS = ("queue", "topic")
-# A browse shows at most this many messages, and this many bytes of each body.
-MAX_BROWSE = 100
-MAX_PREVIEW_BYTES = 4096
 
 _SORT_KEYS: dict[str, Any] = {
     name: operator.attrgetter(name)
@@ -223,55 +217,15 @@ class DestinationsApi:
         _log_change(caller, f"deleted {name} ({view.messages_ready} messages)")
         return web.json_response({"deleted": name, "messages": view.messages_ready})
 
-    async def browse(self, request: web.Request) -> web.Response:
-        """A queue's messages without consuming them, in sequence order: `after` (a sequence),
-        `limit` (at most 100), `preview` (bytes of each body shown, at most 4096)."""
-        name = destination_name(request)
-        caller_of(request).require(name, Permission.READ)
-        destination = self.broker.find(name)
-        if destination is None:
-            raise ApiError(ErrorCode.DESTINATION_NOT_FOUND, f"no destination {name}")
-        query = request.query
-        after = query_int(query, "after", 0, 0, 1 << 62)
-        limit = query_int(query, "limit", 20, 1, MAX_BROWSE)
-        preview = query_int(query, "preview", 256, 0, MAX_PREVIEW_BYTES)
-        try:
-            views = destination.browse(after, limit, preview)
-        except RequestError as exc:
-            raise ApiError(ErrorCode.NOT_A_QUEUE, str(exc)) from None
-        items = []
-        for view in views:
-            item = dataclasses.asdict(view)
-            item["body_preview"] = view.body_preview.decode("utf-8", "replace")
-            items.append(item)
-        next_after = views[-1].seq if len(views) == limit else None
-        return web.json_response({"items": items, "next_after": next_after})
-
-    async def purge(self, request: web.Request) -> web.Response:
-        """Remove the messages of a queue that wait for a consumer (those in flight stay)."""
-        name = destination_name(request)
-        caller = caller_of(request)
-        caller.require(name, Permission.ADMIN)
-        destination = self.broker.find(name)
-        if destination is None:
-            raise ApiError(ErrorCode.DESTINATION_NOT_FOUND, f"no destination {name}")
-        upto_seq = destination.last_seq
-        purged = 0
-        try:
-            while self.broker.find(name) is destination:
-                removed = destination.purge(upto_seq, PURGE_STEP)
-                if not removed:
-                    break
-                purged += removed
-                await asyncio.sleep(0)  # a large queue: let the loop run between steps
-        except RequestError as exc:
-            raise ApiError(ErrorCode.NOT_A_QUEUE, str(exc)) from None
-        _log_change(caller, f"purged {name} ({purged} messages)")
-        return web.json_response({"purged": purged})
-
 
 def _log_change(caller: Caller, what: str) -> None:
-    log.warning("management API: user %s from %s %s", caller.user, caller.address, what)
+    log.warning(
+        "management API: user %s from %s %s",
+        caller.user,
+        caller.address,
+        what,
+        extra=caller.log_extra,
+    )
 
 
 def routes(server: Serving) -> list[web.RouteDef]:
@@ -281,8 +235,6 @@ def routes(server: Serving) -> list[web.RouteDef]:
     return [
         web.get("/api/overview", handlers.overview, allow_head=False),
         web.get("/api/destinations", handlers.list, allow_head=False),
-        web.get(one + "/messages", handlers.browse, allow_head=False),
-        web.delete(one + "/messages", handlers.purge),
         web.get(one, handlers.show, allow_head=False),
         web.put(one, handlers.create),
         web.delete(one, handlers.delete),

@@ -1,6 +1,7 @@
 """The management server: an aiohttp application on the broker's event loop, its routes, the
 checks every request goes through (`_guard`: who calls, and errors as JSON), and the health
-checks. The API's handlers are in `api.py` and `connections.py`, the metrics in `metrics.py`.
+checks. The API's handlers are in `api.py`, `messages.py`, `connections.py`, `store.py` and
+`definitions.py`, the metrics in `metrics.py`.
 
 No thread per request: handlers run on the loop and only ask the core for values; a password
 hash runs on the broker's login threads (`gate.py`).
@@ -20,7 +21,7 @@ from aiohttp import web
 
 from sluice import __version__
 from sluice.errors import SluiceError
-from sluice.http import api, connections, metrics
+from sluice.http import api, connections, definitions, messages, metrics, store
 from sluice.http.context import Managed
 from sluice.http.errors import ApiError, ErrorCode, error_response
 from sluice.http.gate import CALLER, authenticate
@@ -30,8 +31,10 @@ __all__ = ["ManagementServer"]
 
 log = logging.getLogger(__name__)
 
-# Request bodies are small JSON documents.
+# Request bodies are small JSON documents; a definitions document may be larger (its handler
+# reads it within this bound itself).
 MAX_REQUEST_BYTES = 64 * 1024
+LARGE_BODY_PATHS = {"/api/definitions": definitions.MAX_DEFINITIONS_BYTES}
 # In-flight requests get this long to finish when the broker stops.
 SHUTDOWN_TIMEOUT_S = 1.0
 
@@ -77,6 +80,9 @@ class ManagementServer:
         app.router.add_get("/readyz", self._readyz, allow_head=False)
         app.router.add_get("/api/openapi.json", self._openapi, allow_head=False)
         app.router.add_routes(api.routes(self))
+        app.router.add_routes(messages.routes(self))
+        app.router.add_routes(store.routes(self))
+        app.router.add_routes(definitions.routes(self))
         app.router.add_routes(connections.routes(self))
         app.router.add_routes(metrics.routes(self))
         return app
@@ -85,14 +91,15 @@ class ManagementServer:
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             length = request.content_length
-            if length is not None and length > MAX_REQUEST_BYTES:
-                raise ApiError(*_TOO_LARGE)
+            limit = LARGE_BODY_PATHS.get(request.path, MAX_REQUEST_BYTES)
+            if length is not None and length > limit:
+                raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body over {limit} bytes")
             if request.path not in _OPEN_PATHS:
                 managed = self.managed
                 request[CALLER] = await authenticate(request, managed.guard, managed.broker)
             return await handler(request)
         except ApiError as exc:
-            return error_response(exc.code, exc.message, exc.headers)
+            return error_response(exc.code, exc.message, exc.headers, exc.problems)
         except web.HTTPException as exc:
             known = _HTTP_ERRORS.get(exc.status)
             if known is None:

@@ -87,6 +87,7 @@ class ConnectionsApi:
             caller.user,
             caller.address,
             connection_id,
+            extra=caller.log_extra,
         )
         return web.json_response({"closed": connection_id})
 
@@ -130,6 +131,7 @@ class ConnectionsApi:
             name,
             client_id,
             topic,
+            extra=caller.log_extra,
         )
         return web.json_response(
             {"deleted": {"destination": topic, "client_id": client_id, "name": name}}

@@ -16,6 +16,8 @@ class ErrorCode(enum.Enum):
 
     BAD_REQUEST = ("bad_request", 400)
     INVALID_DESTINATION = ("invalid_destination", 400)
+    INVALID_SELECTOR = ("invalid_selector", 400)
+    INVALID_DEFINITIONS = ("invalid_definitions", 400)
     UNAUTHORIZED = ("unauthorized", 401)
     FORBIDDEN = ("forbidden", 403)
     NOT_FOUND = ("not_found", 404)
@@ -46,17 +48,28 @@ class ApiError(Exception):
     """A request the API refuses; `message` is fit for the client."""
 
     def __init__(
-        self, code: ErrorCode, message: str, headers: dict[str, str] | None = None
+        self,
+        code: ErrorCode,
+        message: str,
+        headers: dict[str, str] | None = None,
+        problems: list[str] | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.headers = headers or {}
+        # Each thing wrong with the request, when there are several (`"problems"` in the JSON).
+        self.problems = problems
 
 
 def error_response(
-    code: ErrorCode, message: str, headers: dict[str, str] | None = None
+    code: ErrorCode,
+    message: str,
+    headers: dict[str, str] | None = None,
+    problems: list[str] | None = None,
 ) -> web.Response:
     """The JSON answer of an error."""
-    body: dict[str, Any] = {"error": {"code": code.code, "message": message}}
-    return web.json_response(body, status=code.status, headers=headers)
+    error: dict[str, Any] = {"code": code.code, "message": message}
+    if problems is not None:
+        error["problems"] = problems
+    return web.json_response({"error": error}, status=code.status, headers=headers)

@@ -54,6 +54,11 @@ class Caller:
         """Whether the rules in force let this caller do `permission` on `destination`."""
         return self._gate.access.allows(self.identity, destination, permission)
 
+    @property
+    def log_extra(self) -> dict[str, str]:
+        """The caller's fields for structured logs (`user`, `peer`)."""
+        return {"user": self.user, "peer": self.address}
+
     def require(self, destination: str, permission: Permission) -> None:
         """Raise 403 (counted, logged) unless `allows`."""
         if not self.allows(destination, permission):
@@ -72,6 +77,7 @@ class Caller:
             self.address,
             permission.value,
             destination,
+            extra=self.log_extra,
         )
         raise ApiError(
             ErrorCode.FORBIDDEN,
@@ -127,7 +133,13 @@ async def authenticate(request: web.Request, gate: Gate, broker: Broker) -> Call
         if outcome.locks:
             broker.count("login_lockouts")
         # The login name as sent (repr: it may hold anything), never the password.
-        log.warning("HTTP login refused for %r from %s: %s", login, address, outcome.reason)
+        log.warning(
+            "HTTP login refused for %r from %s: %s",
+            login,
+            address,
+            outcome.reason,
+            extra={"peer": address},
+        )
         await asyncio.sleep(broker.limits.login_failure_delay_s)
         raise ApiError(ErrorCode.UNAUTHORIZED, outcome.reason, _CHALLENGE)
     return Caller(outcome, gate, broker, address)

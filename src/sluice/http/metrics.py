@@ -14,7 +14,12 @@ from collections.abc import Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from sluice import __version__
@@ -22,6 +27,7 @@ from sluice.auth.identity import Permission
 from sluice.core.views import DestinationView
 from sluice.http.context import Serving
 from sluice.http.gate import caller_of
+from sluice.store.api import SYNC_BUCKETS_S, StoreStats
 
 __all__ = ["BrokerCollector", "routes"]
 
@@ -57,6 +63,7 @@ _DESTINATION_COUNTERS = (
     ("messages_acked", "Deliveries acknowledged"),
     ("messages_redelivered", "Deliveries put back for another"),
     ("messages_dead_lettered", "Messages sent to its dead-letter queue"),
+    ("messages_expired", "Messages that expired before delivery"),
 )
 
 
@@ -73,6 +80,7 @@ def _destination_value(view: DestinationView, name: str) -> int:
         "messages_acked": view.acked,
         "messages_redelivered": view.redelivered,
         "messages_dead_lettered": view.dead_lettered,
+        "messages_expired": view.expired,
     }[name]
 
 
@@ -102,6 +110,7 @@ class BrokerCollector(Collector):
             ("messages_acked", totals.acked, "Deliveries acknowledged"),
             ("messages_redelivered", totals.redelivered, "Deliveries put back for another"),
             ("messages_dead_lettered", totals.dead_lettered, "Messages sent to a DLQ"),
+            ("messages_expired", totals.expired, "Messages that expired before delivery"),
         ):
             yield CounterMetricFamily(f"sluice_{name}", text, value)
         yield from self._destinations(broker.destination_views())
@@ -188,6 +197,7 @@ class BrokerCollector(Collector):
             yield GaugeMetricFamily(f"sluice_{name}", text, value)
         store_stats = broker.store.stats()
         yield GaugeMetricFamily("sluice_store_files", "Journal data files", store_stats.files)
+        yield _sync_histogram(store_stats)
         for name, text, value in (
             ("store_syncs", "Syncs of the journal", store_stats.syncs),
             ("store_checkpoints", "Index checkpoints", store_stats.checkpoints),
@@ -252,6 +262,23 @@ class BrokerCollector(Collector):
             if counter.startswith("limit_"):
                 limits.add_metric([counter.removeprefix("limit_")], value)
         yield limits
+
+
+def _sync_histogram(stats: StoreStats) -> HistogramMetricFamily:
+    """The journal's sync durations: the store counts each in fixed buckets (always on, two
+    clock readings per sync), so a scrape only adds them up."""
+    counts = stats.sync_bucket_counts or (0,) * (len(SYNC_BUCKETS_S) + 1)
+    buckets = []
+    cumulative = 0
+    for bound, count in zip((*(str(b) for b in SYNC_BUCKETS_S), "+Inf"), counts, strict=True):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    return HistogramMetricFamily(
+        "sluice_store_sync_seconds",
+        "Durations of the journal's syncs (fdatasync of the head file)",
+        buckets=buckets,
+        sum_value=stats.sync_seconds_total,
+    )
 
 
 def routes(serving: Serving) -> list[web.RouteDef]:

@@ -26,6 +26,7 @@ class Rates:
     acked: float = 0.0
     redelivered: float = 0.0
     dead_lettered: float = 0.0
+    expired: float = 0.0
 
 
 _ZERO = Rates()

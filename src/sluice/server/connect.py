@@ -183,6 +183,7 @@ class SessionConnect:
             self.log.info("logged in as %s", identity.user)
         self._version = self.stomp.version
         self.core = self._new_core(frame.headers.get("client-id"))
+        self.log.extra = {**self.log.extra, "connection_id": self.core.id, "user": identity.user}  # type: ignore[dict-item]
         self.connected_at_ms = self.broker.now_ms()
         self.requests = self._new_requests(self.core)
         self.broker.count("connections_accepted")

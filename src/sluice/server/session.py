@@ -63,8 +63,21 @@ _FLOW_TO_PAUSE = {
 
 
 class _SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A connection's log lines: `[id peer] ` before the message, and the connection's fields
+    on the record for structured logs (`sluice.cli.logformat`)."""
+
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        return f"[{self.extra['conn']} {self.extra['peer']}] {msg}", kwargs  # type: ignore[index]
+        extra: Any = self.extra
+        prefix = f"[{extra['conn']} {extra['peer']}] "
+        peer = extra["peer"]
+        kwargs["extra"] = {
+            "session": extra["conn"],
+            "peer": f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else None,
+            "connection_id": extra.get("connection_id"),
+            "user": extra.get("user"),
+            "log_prefix": prefix,
+        }
+        return prefix + str(msg), kwargs
 
 
 class StompSession(SessionConnect, asyncio.Protocol):

@@ -202,6 +202,11 @@ class Recovery:
     report: list[str] = field(default_factory=list)
 
 
+SYNC_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+"""Upper bounds, in seconds, of the buckets the journal counts its syncs' durations in (the
+last bucket, beyond 2.5 s, has none): a Prometheus histogram's `le`s."""
+
+
 @dataclass
 class StoreStats:
     """Numbers the broker exposes and uses for flow control."""
@@ -234,6 +239,66 @@ class StoreStats:
     no_space: bool = False
     # Batches refused for lack of space before any of their bytes were written.
     no_space_errors: int = 0
+    # When (ms since the epoch, 0: not since the store opened) the index was last committed, a
+    # collection last ran, and one last compacted files.
+    last_checkpoint_ms: int = 0
+    last_gc_ms: int = 0
+    last_compaction_ms: int = 0
+    # The syncs' durations: how many fell in each bucket of SYNC_BUCKETS_S and beyond (not
+    # cumulative; empty for a store that never synced), and their sum.
+    sync_bucket_counts: tuple[int, ...] = ()
+    sync_seconds_total: float = 0.0
+
+
+@dataclass(frozen=True)
+class DataFileView:
+    """A data file of a journal and what keeps it, as the index's last checkpoint has it:
+    its live messages (`live_by_destination`, with the lowest sequence of each in
+    `oldest_by_destination`), the state records in it (`state_of`: destinations and durable
+    subscriptions), open transactions' records, and the files that must go before it."""
+
+    number: int
+    name: str
+    size_bytes: int
+    data_bytes: int
+    live_messages: int
+    live_bytes: int
+    pins: int
+    transaction_pins: int
+    live_by_destination: dict[str, int]
+    oldest_by_destination: dict[str, int]
+    state_of: list[str]
+    depends_on: list[int]
+    # The file the store writes to now (never collected).
+    head: bool
+
+
+@dataclass(frozen=True)
+class ArchiveView:
+    """The files collection moved to the archive instead of deleting them."""
+
+    directory: str
+    files: int
+    bytes: int
+    oldest: str | None
+    newest: str | None
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """What a store holds on disk, for operators (`MessageStore.inspect`). A store without
+    files (memory) has none; `checkpoint` is the journal position (file, offset) up to which
+    the index reflects it, and what the files say is as of then. `complete` is False when the
+    messages were too many to attribute all of them (`messages_scanned` were)."""
+
+    kind: str
+    directory: str | None = None
+    files: list[DataFileView] = field(default_factory=list)
+    checkpoint: tuple[int, int] | None = None
+    head: tuple[int, int] | None = None
+    archive: ArchiveView | None = None
+    messages_scanned: int = 0
+    complete: bool = True
 
 
 class MessageStore(Protocol):
@@ -329,4 +394,10 @@ class MessageStore(Protocol):
 
     def stats(self) -> StoreStats:
         """Current numbers."""
+        ...
+
+    def inspect(self, max_messages: int) -> StoreView:
+        """What the store holds on disk, file by file, attributing at most `max_messages` live
+        messages to their destinations. A read that may take a while (it reads the index): the
+        one method meant to be called off the event loop, from any thread."""
         ...

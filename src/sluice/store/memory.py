@@ -23,6 +23,7 @@ from sluice.store.api import (
     Recovery,
     StoredMessage,
     StoreStats,
+    StoreView,
     WriteHandle,
     WriteState,
 )
@@ -238,3 +239,7 @@ class MemoryStore:
     def stats(self) -> StoreStats:
         """Counts of what is held."""
         return self._stats
+
+    def inspect(self, max_messages: int) -> StoreView:
+        """Nothing on disk: the memory store has no files."""
+        return StoreView("memory")

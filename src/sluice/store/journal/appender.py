@@ -95,14 +95,22 @@ class Appender:
         with self._lock:
             for op, location in placed:
                 op.location = location
-            self._stats.syncs = head.syncs
+            self._note_syncs()
 
     def sync(self) -> None:
         """Sync the head file."""
         self.head.sync()
         self.last_sync_s = time.monotonic()
         with self._lock:
-            self._stats.syncs = self.head.syncs
+            self._note_syncs()
+
+    def _note_syncs(self) -> None:
+        """Copy the head's sync counts where other threads read them (the lock held)."""
+        head, stats = self.head, self._stats
+        if stats.syncs != head.syncs:
+            stats.syncs = head.syncs
+            stats.sync_bucket_counts = tuple(head.sync_counts)
+            stats.sync_seconds_total = head.sync_ns / 1e9
 
     def apply(self, ops: Sequence[Op]) -> None:
         """Apply written ops to the state; their overlay cleanups wait for the next commit."""

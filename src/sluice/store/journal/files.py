@@ -25,6 +25,7 @@ file that could not be prepared ahead is tried again after `PREPARE_RETRY_S`, ne
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import logging
@@ -36,6 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sluice.errors import CorruptionError, DiskFullError, StoreError, StoreIOError
+from sluice.store.api import SYNC_BUCKETS_S
 from sluice.store.journal import format as fmt
 
 log = logging.getLogger(__name__)
@@ -344,6 +346,9 @@ class Preallocator:
                     self._cond.notify_all()
 
 
+_SYNC_BOUNDS_NS = tuple(int(bound * 1e9) for bound in SYNC_BUCKETS_S)
+
+
 class HeadFile:
     """The newest data file, where the writer appends. Used by the writer thread only."""
 
@@ -368,6 +373,10 @@ class HeadFile:
         self.fd = os.open(file_path(journal_dir, file_no), os.O_RDWR)
         self.unsynced = False
         self.syncs = 0
+        # Every sync's duration, always counted (two clock readings per sync): per bucket of
+        # SYNC_BUCKETS_S and beyond, and in all.
+        self.sync_counts = [0] * (len(SYNC_BUCKETS_S) + 1)
+        self.sync_ns = 0
         if preallocator is not None:
             preallocator.prepare(file_no + 1)
 
@@ -421,6 +430,7 @@ class HeadFile:
         fdatasync covers too)."""
         if not self.unsynced:
             return
+        started = time.perf_counter_ns()
         try:
             os.fdatasync(self.fd)
         except OSError as exc:
@@ -429,6 +439,9 @@ class HeadFile:
             raise StoreIOError("journal sync", exc.strerror or str(exc), str(self.path)) from exc
         self.unsynced = False
         self.syncs += 1
+        elapsed = time.perf_counter_ns() - started
+        self.sync_counts[bisect.bisect_left(_SYNC_BOUNDS_NS, elapsed)] += 1
+        self.sync_ns += elapsed
 
     def rollover(self) -> int:
         """Seal the head file and start the next one; returns the new file number.

@@ -464,6 +464,15 @@ class Index:
             raise IndexCorrupt("bad checkpoint entry") from exc
         return (int(pos[0]), int(pos[1])), int(next_txno)
 
+    def checkpoint_in(self, txn: Any) -> tuple[int, int]:
+        """The checkpoint position a read transaction (`begin_read`) sees."""
+        cp = txn.get(b"checkpoint", db=self.dbs[b"meta"])
+        try:
+            pos = _CP.unpack(cp) if cp is not None else (0, 0)
+        except struct.error as exc:
+            raise IndexCorrupt("bad checkpoint entry") from exc
+        return int(pos[0]), int(pos[1])
+
     def write_meta(self, checkpoint: tuple[int, int], next_txno: int, *, ok: bool) -> None:
         """Record the checkpoint position (in the write transaction)."""
         meta = self.dbs[b"meta"]

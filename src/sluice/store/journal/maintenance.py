@@ -195,6 +195,7 @@ class Maintenance:
         with self._lock:
             self._overlay.drop(cleanups)
             self._stats.checkpoints += 1
+            self._stats.last_checkpoint_ms = int(time.time() * 1000)
         self._last_checkpoint = time.monotonic()
         if write_marker:
             # Informational (dump and audits); it sits at the checkpoint position, so replay
@@ -261,9 +262,12 @@ class Maintenance:
                     with self._lock:
                         self._stats.compacted_files += len(targets)
                         self._stats.damaged_records += result.damaged_records
+                        self._stats.last_compaction_ms = int(time.time() * 1000)
                     self._retire_unneeded(result)
         for line in result.lines():
             log.info("journal gc: %s", line)
+        with self._lock:
+            self._stats.last_gc_ms = int(time.time() * 1000)
         return result
 
     def _retire_unneeded(self, result: GcResult) -> None:

@@ -35,6 +35,7 @@ from sluice.store.api import (
     Recovery,
     StoredMessage,
     StoreStats,
+    StoreView,
     TimedWriteHandle,
     WriteHandle,
     WriteState,
@@ -50,6 +51,7 @@ from sluice.store.journal.files import (
 from sluice.store.journal.gc import GcResult
 from sluice.store.journal.index import Index
 from sluice.store.journal.indexcodec import MsgLoc, dkey, msg_key
+from sluice.store.journal.inspect import inspect_journal
 from sluice.store.journal.ops import Op
 from sluice.store.journal.overlay import MAX_SEQ, Overlay, Removed
 from sluice.store.journal.recovery import recover
@@ -559,6 +561,20 @@ class JournalStore:
         except OSError:
             snapshot.disk_free_bytes = -1
         return snapshot
+
+    def inspect(self, max_messages: int) -> StoreView:
+        """The data files and the archive as the index's last checkpoint has them (an LMDB
+        read transaction: safe on any thread, never waits for the writer)."""
+        index, writer = self._index, self._writer
+        kind = "temp" if self.temporary else "journal"
+        if index is None or writer is None:
+            return StoreView(kind, str(self.config.data_dir), complete=False)
+        head = writer.head
+        # Racy reads of ints the writer moves: where it writes now, give or take a batch.
+        view = inspect_journal(
+            index, self.config.data_dir, (head.file_no, head.offset), max_messages
+        )
+        return dataclasses.replace(view, kind=kind)
 
     def gc(self) -> GcResult:
         """Collect and compact now, on the writer thread; blocks (tools and tests, not the loop)."""
