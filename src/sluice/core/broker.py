@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol
 
 from sluice.config import Config, DestinationPolicy
+from sluice.core.admin import BrokerAdmin
 from sluice.core.destination import Destination
 from sluice.core.disk import DiskBudget, DiskWatch
 from sluice.core.message import (
@@ -26,7 +27,6 @@ from sluice.core.message import (
     STREAM_ABORT_REASON,
     STREAM_ID,
     DestinationKind,
-    DestinationNameError,
     Message,
     parse_destination,
 )
@@ -34,13 +34,11 @@ from sluice.core.queue import Queue
 from sluice.core.services import Cancellable, FlowReason, Loop, Producer
 from sluice.core.topic import Topic
 from sluice.core.usage import Usage
-from sluice.core.views import DestinationView, DurableView, StreamView, Totals
-from sluice.core.wildcard import WildcardIndex, compile_pattern, is_wildcard
+from sluice.core.views import Totals
+from sluice.core.wildcard import WildcardIndex, compile_pattern
 from sluice.errors import (
-    DestinationInUseError,
     DiskFullError,
     LimitExceeded,
-    RequestError,
     StoreError,
     StoreIOError,
 )
@@ -88,7 +86,7 @@ def _dlq_prefixes(config: Config) -> tuple[str, ...]:
     )
 
 
-class Broker:
+class Broker(BrokerAdmin):
     """Destinations, the store, and the bounds that protect them."""
 
     def __init__(
@@ -404,97 +402,6 @@ class Broker:
             if override_kind is kind and pattern.matches(short):
                 return policy
         return self.config.policy
-
-    # -- what operators see and do -------------------------------------------------------------
-
-    def totals(self) -> Totals:
-        """Message counts of the whole broker since it started, destinations removed since
-        included: they never go down."""
-        totals = self._removed_totals
-        for destination in self.destinations.values():
-            traffic = destination.traffic
-            totals += Totals(
-                destination.messages_in,
-                traffic.delivered,
-                traffic.acked,
-                traffic.redelivered,
-                traffic.dead_lettered,
-                traffic.expired,
-            )
-        return totals
-
-    def destination_views(self) -> list[DestinationView]:
-        """Every destination, as an operator sees it now."""
-        return [destination.view() for destination in self.destinations.values()]
-
-    def durable_views(self) -> list[DurableView]:
-        """Every durable subscription, with its cursor and lag."""
-        return [
-            view
-            for destination in self.destinations.values()
-            for view in destination.durable_views()
-        ]
-
-    def stream_views(self) -> list[StreamView]:
-        """Every stream in progress: being sent, or being read."""
-        return [
-            view
-            for destination in self.destinations.values()
-            for view in destination.stream_views()
-        ]
-
-    def find(self, name: str) -> Destination | None:
-        """The destination of this name, if the broker has it (never creates one)."""
-        return self.destinations.get(name)
-
-    def create_destination(self, name: str) -> bool:
-        """Create a destination an operator names, checked as a client's name is (prefix,
-        length, no wildcard) and against the table's room. Returns False if it existed.
-        Raises `DestinationNameError` or `LimitExceeded` (counted)."""
-        if name in self.destinations:
-            return False
-        _kind, short = parse_destination(name)
-        limit = self.limits.max_destination_name_bytes
-        size = len(name.encode("utf-8", "surrogatepass"))
-        if size > limit:
-            self.count("limit_max_destination_name_bytes")
-            raise LimitExceeded(
-                "max_destination_name_bytes", limit, f"a destination name of {size} bytes"
-            )
-        if is_wildcard(short):
-            raise DestinationNameError(f"destination {name!r} is a wildcard pattern, not a name")
-        self.destination(name)
-        return True
-
-    def delete_destination(self, name: str) -> None:
-        """Remove a destination an operator names, with every message it holds, from the
-        stores too. Raises `RequestError` if there is none, `DestinationInUseError` while it is
-        in use (`Destination.in_use`)."""
-        destination = self.destinations.get(name)
-        if destination is None:
-            raise RequestError(f"no destination {name}")
-        reason = destination.in_use()
-        if reason is not None:
-            raise DestinationInUseError(f"{name} is in use: {reason}")
-        self._remove_destination(destination)
-        self.count("destinations_deleted")
-
-    def delete_durable(self, topic_name: str, client_id: str, name: str) -> None:
-        """Remove a durable subscription an operator names, and release what it held. Raises
-        `RequestError` if there is none, `DestinationInUseError` while a consumer is attached."""
-        topic = self.destinations.get(topic_name)
-        durable = topic.durables.get((client_id, name)) if isinstance(topic, Topic) else None
-        if topic is None or durable is None:
-            raise RequestError(
-                f"no durable subscription {name!r} of client {client_id!r} on {topic_name}"
-            )
-        if durable.active is not None:
-            raise DestinationInUseError(
-                f"durable subscription {name!r} of client {client_id!r} has a consumer attached"
-            )
-        assert isinstance(topic, Topic)
-        topic.delete_durable(client_id, name)
-        self.count("durable_subscriptions_deleted")
 
     def abort_stream(self, destination_name: str, stream_id: str, reason: str) -> None:
         """Put an abort marker at the end of a stream: its reader raises instead of waiting."""
