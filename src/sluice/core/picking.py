@@ -1,7 +1,7 @@
 """What an operator sees of a queue and picks out of it (`QueuePicking`, a layer of
 `queue.Queue`): the messages after a sequence, each with where it is (`Place`), to browse and
-search them; the streams in progress, with their readers' positions; and taking waiting messages
-out of the queue for a move or a delete, then settling or giving them back.
+search them; the streams in progress, with their readers' positions; taking waiting messages
+out of the queue for a move or a delete, then settling or giving them back; and purging.
 
 A waiting message is in one of three places: in memory (`pending`), dropped from memory with its
 place remembered (`Evicted`), or in a store alone above `loaded_seq`, not read yet. Taking one
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sluice.core.message import STREAM_OFFSET, STREAM_SEQ, Message
-from sluice.core.paging import QueuePaging, pending_after
+from sluice.core.paging import PAGE_BYTES, PAGE_MESSAGES, QueuePaging, pending_after
 from sluice.core.paging import pending_key as _key
 from sluice.core.views import MessageView, StreamReading, StreamView
 from sluice.store.api import StoredMessage
@@ -123,6 +123,10 @@ class QueuePicking(QueuePaging):
     # paging passed over them since (True: counted as read).
     _claimed: dict[int, bool]
     _retained: dict[str, list[tuple[int, int, Message | None]]]
+
+    def _drop(self, message: Message) -> None:
+        """Forget a message for good, in the stores too (the queue's)."""
+        raise NotImplementedError
 
     def window(self, after_seq: int, max_count: int, max_bytes: int = WINDOW_BYTES) -> Window:
         """The first messages after `after_seq` (at most `max_count`, and about `max_bytes`
@@ -341,3 +345,60 @@ class QueuePicking(QueuePaging):
     def _hold(self, message: Message) -> None:
         self.pending[_key(message)] = message
         self.usage.add(message.nbytes)
+
+    # -- purge ----------------------------------------------------------------------------------
+
+    def purge(self, upto_seq: int, max_messages: int) -> int:
+        """Remove messages waiting for a consumer whose sequence is at most `upto_seq`: those in
+        memory, those dropped from memory, then those a store holds alone, about
+        `max_messages` at a time (call again until it returns 0). Messages in flight stay with
+        their consumers, and messages still being written stay too. Returns how many went."""
+        removed = 0
+        doomed = []
+        for key, message in self.pending.items():
+            if message.seq <= upto_seq:
+                doomed.append((key, message))
+                if len(doomed) >= max_messages:
+                    break
+        for key, message in doomed:
+            del self.pending[key]
+            self._drop(message)
+        removed += len(doomed)
+        if self._evicted and removed < max_messages:
+            for seq in self._evicted.take_all():
+                self.store.remove(self.name, seq)
+                removed += 1
+        if removed < max_messages:
+            removed += self._purge_stored(upto_seq)
+        if removed:
+            self._retry_ungrouped = True
+            self.wakeup()
+        return removed
+
+    def _purge_stored(self, upto_seq: int) -> int:
+        """Remove a page of the messages above `loaded_seq` that the stores hold alone."""
+        limit = min(upto_seq, self._unwritten[0] - 1 if self._unwritten else self.last_seq)
+        if self.loaded_seq >= limit:
+            return 0
+        stores = [self.store] if self.temp_store is None else [self.store, self.temp_store]
+        sources = [
+            (store, store.load(self.name, self.loaded_seq, PAGE_MESSAGES, PAGE_BYTES))
+            for store in stores
+        ]
+        cutoff = limit
+        for _store, page in sources:
+            if page:
+                cutoff = min(cutoff, page[-1].seq)  # this store may hold more beyond the page
+        removed = 0
+        for store, page in sources:
+            for item in page:
+                if item.seq > cutoff:
+                    break
+                if self._claimed and self._passed_claimed(item.seq, item.size):
+                    continue
+                store.remove(self.name, item.seq)
+                self.stored_ahead -= 1
+                self.stored_ahead_bytes -= item.size
+                removed += 1
+        self.loaded_seq = cutoff
+        return removed

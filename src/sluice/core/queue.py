@@ -63,7 +63,7 @@ from sluice.core.dispatch import (
     Verdict,
 )
 from sluice.core.message import STREAM_ID, DestinationKind, Message, closes_group
-from sluice.core.paging import MAX_EVICTED, PAGE_BYTES, PAGE_MESSAGES, Evicted
+from sluice.core.paging import MAX_EVICTED, PAGE_MESSAGES, Evicted
 from sluice.core.paging import pending_key as _key
 from sluice.core.picking import QueuePicking
 from sluice.core.streams import StreamGroups
@@ -407,61 +407,6 @@ class Queue(QueuePicking):
         if expired:
             self.wakeup()  # what they held is free: read on
         return len(expired)
-
-    def purge(self, upto_seq: int, max_messages: int) -> int:
-        """Remove messages waiting for a consumer whose sequence is at most `upto_seq`: those in
-        memory, those dropped from memory, then those a store holds alone, about
-        `max_messages` at a time (call again until it returns 0). Messages in flight stay with
-        their consumers, and messages still being written stay too. Returns how many went."""
-        removed = 0
-        doomed = []
-        for key, message in self.pending.items():
-            if message.seq <= upto_seq:
-                doomed.append((key, message))
-                if len(doomed) >= max_messages:
-                    break
-        for key, message in doomed:
-            del self.pending[key]
-            self._drop(message)
-        removed += len(doomed)
-        if self._evicted and removed < max_messages:
-            for seq in self._evicted.take_all():
-                self.store.remove(self.name, seq)
-                removed += 1
-        if removed < max_messages:
-            removed += self._purge_stored(upto_seq)
-        if removed:
-            self._retry_ungrouped = True
-            self.wakeup()
-        return removed
-
-    def _purge_stored(self, upto_seq: int) -> int:
-        """Remove a page of the messages above `loaded_seq` that the stores hold alone."""
-        limit = min(upto_seq, self._unwritten[0] - 1 if self._unwritten else self.last_seq)
-        if self.loaded_seq >= limit:
-            return 0
-        stores = [self.store] if self.temp_store is None else [self.store, self.temp_store]
-        sources = [
-            (store, store.load(self.name, self.loaded_seq, PAGE_MESSAGES, PAGE_BYTES))
-            for store in stores
-        ]
-        cutoff = limit
-        for _store, page in sources:
-            if page:
-                cutoff = min(cutoff, page[-1].seq)  # this store may hold more beyond the page
-        removed = 0
-        for store, page in sources:
-            for item in page:
-                if item.seq > cutoff:
-                    break
-                if self._claimed and self._passed_claimed(item.seq, item.size):
-                    continue
-                store.remove(self.name, item.seq)
-                self.stored_ahead -= 1
-                self.stored_ahead_bytes -= item.size
-                removed += 1
-        self.loaded_seq = cutoff
-        return removed
 
     # -- groups ---------------------------------------------------------------------------------
 
