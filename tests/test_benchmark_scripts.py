@@ -37,6 +37,15 @@ SCRIPTS = [
         # It makes its certificates with the openssl commands of docs/security.md.
         marks=pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl"),
     ),
+    pytest.param(
+        [
+            "metrics_cost.py",
+            *("--runs", "1", "--count", "2000", "--warmup", "100"),
+            *("--scrape-cost", "3", "--scrapes", "5"),
+        ],
+        "broker CPU median",
+        id="metrics_cost",
+    ),
     pytest.param(["machine.py"], "fsync", id="machine", marks=pytest.mark.slow),  # writes 1 GiB
     pytest.param(
         ["sync_crosscheck.py", "--runs", "1", "--producers", "2", "--count", "20"],

