@@ -77,7 +77,8 @@ def _command(
 
 
 def _figures(generator: str, path: Path) -> dict[str, Any] | None:
-    """Sends/s, receipt p50/p99/max ms and broker CPU µs/msg from a generator's JSON."""
+    """Sends/s, receipt p50/p99/max ms, and broker and generator CPU µs/msg from a generator's
+    JSON (the generator's: `sluice bench`, all its processes; stomppy_load.py, its producers)."""
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -92,10 +93,15 @@ def _figures(generator: str, path: Path) -> dict[str, Any] | None:
             "max_ms": latency["max"],
             "late_sends": document.get("late_sends", 0),
             "broker_cpu_us": document.get("broker_cpu_us_per_msg"),
+            "generator_cpu_us": round(
+                document["generator_cpu_s"] / max(1, document["messages"]) * 1e6, 1
+            ),
         }
     results = document["results"]
     latency = results["receipt_latency_ms"]
-    broker_cpu = ((results.get("cpu") or {}).get("measured") or {}).get("broker") or {}
+    measured = (results.get("cpu") or {}).get("measured") or {}
+    broker_cpu = measured.get("broker") or {}
+    generator_cpu = measured.get("generator") or {}
     return {
         "ok": bool(results.get("ok")),
         "sends_per_s": results["sends_per_s"],
@@ -104,6 +110,7 @@ def _figures(generator: str, path: Path) -> dict[str, Any] | None:
         "max_ms": latency["max"],
         "late_sends": results.get("late_sends", 0),
         "broker_cpu_us": broker_cpu.get("us_per_msg"),
+        "generator_cpu_us": generator_cpu.get("us_per_msg"),
     }
 
 
@@ -187,8 +194,8 @@ def _median_table(records: list[dict[str, Any]]) -> list[str]:
             groups.setdefault(key, []).append(figures)
     lines = [
         "| scenario | broker | generator | runs | sends/s | p50 ms | p99 ms | max ms "
-        "| broker CPU µs/msg |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| broker CPU µs/msg | generator CPU µs/msg |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (scenario, broker, generator), items in sorted(groups.items()):
 
@@ -204,7 +211,8 @@ def _median_table(records: list[dict[str, Any]]) -> list[str]:
             f"| {scenario} | {broker} | {generator} | {runs} "
             f"| **{show(median('sends_per_s'), ',.0f')}** | {show(median('p50_ms'), '.2f')} "
             f"| {show(median('p99_ms'), '.2f')} | {show(median('max_ms'), '.1f')} "
-            f"| {show(median('broker_cpu_us'), ',.0f')} |"
+            f"| {show(median('broker_cpu_us'), ',.0f')} "
+            f"| {show(median('generator_cpu_us'), ',.0f')} |"
         )
     return lines
 
