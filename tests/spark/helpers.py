@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -10,6 +11,9 @@ from sluice.spark.options import sink_options
 from sluice.spark.produce import send_transaction
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
+
+# How long a drain waits for the messages it expects.
+WAIT_S = 60.0
 
 
 def publish(
@@ -29,12 +33,15 @@ def publish(
 
 
 def drain_queue(broker: str, queue: str, expected: int, *, quiet_s: float = 2.0) -> list[Any]:
-    """Every MESSAGE on `queue`: at least `expected`, then whatever comes within `quiet_s`."""
+    """Every MESSAGE on `queue`: at least `expected` (waiting up to `WAIT_S` for them, however
+    slow the machine), then whatever comes within `quiet_s`."""
     frames = []
+    deadline = time.monotonic() + WAIT_S
     with WireSession.open(broker) as session:
         session.request(Command.SUBSCRIBE, {"destination": queue, "id": "1", "ack": "auto"})
-        session.set_timeout(quiet_s)
         while True:
+            short = len(frames) < expected
+            session.set_timeout(max(0.01, deadline - time.monotonic()) if short else quiet_s)
             try:
                 frames.append(session.receive())
             except TimeoutError:
