@@ -213,6 +213,65 @@ def test_bad_listeners_are_named(tmp_path: Path, toml: str, message: str) -> Non
         config_mod.load(path, env={})
 
 
+def test_http_tls_is_a_listeners_tls(tmp_path: Path) -> None:
+    _pem_files(tmp_path)
+    path = tmp_path / "sluice.toml"
+    path.write_text(
+        '[http]\nport = 8443\ntls = { cert = "server.pem", key = "server.key", ca = "ca.pem", '
+        'client_cert = "optional" }\n'
+    )
+    tls = config_mod.load(path, env={}).http.tls
+    assert tls is not None
+    assert (tls.cert, tls.key, tls.ca) == (
+        tmp_path / "server.pem",
+        tmp_path / "server.key",
+        tmp_path / "ca.pem",
+    )
+    assert tls.client_cert is ClientCertPolicy.OPTIONAL
+    assert config_mod.load(env={}).http.tls is None
+    # Files that are not there do not matter while the management server is off.
+    config_mod.load(
+        env={}, overrides={"http": {"enabled": False, "tls": {"cert": "/no/c", "key": "/no/k"}}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("tls", "message"),
+    [
+        ('{ cert = "server.pem" }', r"\[http\]: tls needs key"),
+        ('{ cert = "nope.pem", key = "server.key" }', r"\[http\]: cannot read the certificate"),
+        (
+            '{ cert = "server.pem", key = "server.key", client_cert = "required" }',
+            "client_cert = 'required' needs tls.ca",
+        ),
+        (
+            '{ cert = "server.pem", key = "server.key", crl = "ca.pem" }',
+            "tls.crl checks client certificates",
+        ),
+        ('{ cert = "server.pem", key = "server.key", verify = true }', "unknown tls setting"),
+        ('"server.pem"', "tls must be a table"),
+    ],
+)
+def test_bad_http_tls_is_named(tmp_path: Path, tls: str, message: str) -> None:
+    _pem_files(tmp_path)
+    path = tmp_path / "sluice.toml"
+    path.write_text(f"[http]\ntls = {tls}\n")
+    with pytest.raises(ConfigError, match=message):
+        config_mod.load(path, env={})
+
+
+def test_http_tls_beyond_loopback_still_needs_users(tmp_path: Path) -> None:
+    # A client certificate is a login of the users file: without one, TLS changes nothing.
+    _pem_files(tmp_path)
+    path = tmp_path / "sluice.toml"
+    path.write_text(
+        '[http]\nhost = "0.0.0.0"\ntls = { cert = "server.pem", key = "server.key", '
+        'ca = "ca.pem", client_cert = "required" }\n'
+    )
+    with pytest.raises(ConfigError, match=r"http\.host = '0\.0\.0\.0' listens beyond loopback"):
+        config_mod.load(path, env={})
+
+
 def test_stomp_from_the_command_line_conflicts_with_listeners(tmp_path: Path) -> None:
     path = tmp_path / "sluice.toml"
     path.write_text("[[listeners]]\nport = 2\n")

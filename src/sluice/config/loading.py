@@ -251,6 +251,10 @@ def _apply(
         return _apply_listeners(config, values, where, base)
     if section == "stomp" and "tls" in values:
         raise ConfigError(f"{where} [stomp]: tls goes in a [[listeners]] table")
+    if section == "http" and "tls" in values:
+        values = dict(values)
+        tls = _parse_tls(values.pop("tls"), f"{where} [http]", base)
+        config = dataclasses.replace(config, http=dataclasses.replace(config.http, tls=tls))
     if section not in _SECTIONS:
         if section in ("broker_name", "use_uvloop"):
             return dataclasses.replace(config, **{section: _coerce(Config, section, values, where)})

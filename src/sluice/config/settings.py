@@ -220,10 +220,10 @@ class ClientCertPolicy(enum.Enum):
 
 @dataclass(frozen=True)
 class TlsSettings:
-    """A listener's `tls = {cert, key, ca, client_cert, crl}`: its certificate chain and private
-    key (PEM, the key unencrypted), the CA bundle that client certificates must chain to, whether
-    clients must present one, and the certificate revocation lists (PEM) a client certificate is
-    checked against."""
+    """A listener's (or `[http]`'s) `tls = {cert, key, ca, client_cert, crl}`: its certificate
+    chain and private key (PEM, the key unencrypted), the CA bundle that client certificates must
+    chain to, whether clients must present one, and the certificate revocation lists (PEM) a
+    client certificate is checked against."""
 
     cert: Path
     key: Path
@@ -251,12 +251,15 @@ class HttpSettings:
     checks (`/healthz`, `/readyz`), served on the broker's event loop. On by default, on
     loopback; beyond loopback without users it is refused as a STOMP listener is.
     `metrics_max_destinations` bounds the destinations that get series of their own in
-    `/metrics` (the busiest by depth first); the others are summed up and counted."""
+    `/metrics` (the busiest by depth first); the others are summed up and counted. With `tls`
+    (the same table as a listener's) it serves HTTPS, and a verified client certificate logs
+    its holder in as it does on a STOMP listener."""
 
     enabled: bool = True
     host: str = DEFAULT_HTTP_HOST
     port: int = DEFAULT_HTTP_PORT
     metrics_max_destinations: int = DEFAULT_METRICS_MAX_DESTINATIONS
+    tls: TlsSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -371,6 +374,8 @@ class Config:
             raise ConfigError(f"http.port out of range: {self.http.port}")
         if self.http.metrics_max_destinations < 0:
             raise ConfigError("http.metrics_max_destinations must not be negative")
+        if self.http.enabled and self.http.tls is not None:
+            _check_tls(self.http.tls, "[http]")
         self._check_listeners()
         if self.policy.max_redeliveries < 0:
             raise ConfigError("policy.max_redeliveries must not be negative")
