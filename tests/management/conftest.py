@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -32,15 +33,28 @@ class Reply:
 
 
 class Http:
-    """Requests to one management server, with basic auth when given a user."""
+    """Requests to one management server, with basic auth when given a user; over HTTPS with
+    a client `context` (which may hold a client certificate)."""
 
-    def __init__(self, port: int, user: str | None = None, password: str | None = None) -> None:
-        self.base = f"http://127.0.0.1:{port}"
+    def __init__(
+        self,
+        port: int,
+        user: str | None = None,
+        password: str | None = None,
+        context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.port = port
+        self.base = f"{'https' if context else 'http'}://127.0.0.1:{port}"
         self.user = user
         self.password = password
+        self.context = context
 
     def as_user(self, user: str, password: str) -> Http:
-        return Http(int(self.base.rsplit(":", 1)[1]), user, password)
+        return Http(self.port, user, password, self.context)
+
+    def with_context(self, context: ssl.SSLContext) -> Http:
+        """The same server over HTTPS with this client context."""
+        return Http(self.port, self.user, self.password, context)
 
     def request(self, method: str, path: str, body: Any = None) -> Reply:
         data = json.dumps(body).encode() if body is not None else None
@@ -51,7 +65,7 @@ class Http:
             token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
             req.add_header("Authorization", f"Basic {token}")
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=30, context=self.context) as resp:
                 return Reply(resp.status, dict(resp.headers), resp.read().decode())
         except urllib.error.HTTPError as exc:
             return Reply(exc.code, dict(exc.headers), exc.read().decode())

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from sluice import __version__
+from sluice.auth.tls import server_context
 from sluice.errors import SluiceError
 from sluice.http import api, connections, definitions, messages, metrics, store
 from sluice.http.context import Managed
@@ -60,7 +61,8 @@ def openapi_document() -> dict[str, Any]:
 
 
 class ManagementServer:
-    """`/api/`, `/metrics`, `/healthz` and `/readyz` on `[http]` host and port."""
+    """`/api/`, `/metrics`, `/healthz` and `/readyz` on `[http]` host and port, over HTTPS with
+    `[http] tls`."""
 
     def __init__(self, managed: Managed, *, clock: Callable[[], float] = time.time) -> None:
         self.managed = managed
@@ -160,9 +162,13 @@ class ManagementServer:
         """Listen on `[http]` host and port. Raises `SluiceError` if that address cannot be
         had."""
         settings = self.settings
+        # Built as a listener's is; a file that cannot be used stops the start (`ConfigError`).
+        context = server_context(settings.tls, "[http]") if settings.tls is not None else None
         runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
-        site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
+        site = web.TCPSite(
+            runner, settings.host, settings.port, ssl_context=context, reuse_address=True
+        )
         try:
             await site.start()
         except OSError as exc:
@@ -179,10 +185,11 @@ class ManagementServer:
 
     @property
     def url(self) -> str:
-        """Where the server listens: `http://HOST:PORT/`."""
+        """Where the server listens: `http://HOST:PORT/`, or `https://` with `[http] tls`."""
         host = self.settings.host
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}/"
+        scheme = "https" if self.settings.tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}/"
 
     async def stop(self) -> None:
         """Stop listening; requests in progress get `SHUTDOWN_TIMEOUT_S` to finish."""

@@ -1,10 +1,14 @@
-"""Who calls, and what they may do: HTTP basic auth checked by the broker's own authenticator
-(the users file, the failed-login throttle and lockout, scrypt on the login threads), and the
-`[[acl]]` rules, as for STOMP.
+"""Who calls, and what they may do: HTTP basic auth or a verified TLS client certificate,
+checked by the broker's own authenticator (the users file, the failed-login throttle and lockout,
+scrypt on the login threads), and the `[[acl]]` rules, as for STOMP.
 
 - Without a users file every caller is anonymous (the configuration allows that on a loopback
   address only, or with `allow_anonymous`), whatever it sends. With one, a request without
   credentials is anonymous if `allow_anonymous` is set and refused otherwise.
+- Over HTTPS with `[http] tls.client_cert`, a certificate the handshake verified logs its holder
+  in as on a STOMP listener (`sluice.auth.login`): its subject CN must name a user of the file,
+  who is then the caller without a password; basic auth sent along must name the same user.
+  Without a certificate, basic auth decides.
 - A refused login is answered `login_failure_delay_s` late, with 401, and counted as a STOMP
   login's refusal is.
 - Reading a destination needs `read` on it; creating, deleting and purging need `admin`. What
@@ -23,6 +27,7 @@ import logging
 from aiohttp import web
 
 from sluice.auth.identity import Identity, Permission, Refusal
+from sluice.auth.tls import certificate_name
 from sluice.core.broker import Broker
 from sluice.http.context import Gate
 from sluice.http.errors import ApiError, ErrorCode
@@ -113,29 +118,37 @@ def _credentials(request: web.Request) -> tuple[str | None, str | None]:
     return login, passcode
 
 
+def _certificate(request: web.Request) -> str | None:
+    """The subject CN of the client certificate the TLS handshake verified; None without one
+    (plain HTTP, or none sent). Never from a header."""
+    transport = request.transport
+    return certificate_name(transport.get_extra_info("peercert")) if transport else None
+
+
 async def authenticate(request: web.Request, gate: Gate, broker: Broker) -> Caller:
     """Who made this request; raises 401 (late, counted) if the login is refused."""
     login, passcode = _credentials(request)
     address = request.remote or "-"
-    # A TLS client certificate is not taken over HTTP (the management server speaks plain HTTP).
+    certificate = _certificate(request)
     if gate.executor is None:
-        outcome = gate.authenticate(login, passcode, address, None)
+        outcome = gate.authenticate(login, passcode, address, certificate)
     else:
         loop = asyncio.get_running_loop()
         outcome = await loop.run_in_executor(
-            gate.executor, gate.authenticate, login, passcode, address, None
+            gate.executor, gate.authenticate, login, passcode, address, certificate
         )
     if isinstance(outcome, Refusal):
         broker.count(outcome.counter)
-        if login is None and passcode is None:
+        if login is None and passcode is None and certificate is None:
             # A client's first request, before it was asked for credentials: no guess to slow.
             raise ApiError(ErrorCode.UNAUTHORIZED, outcome.reason, _CHALLENGE)
         if outcome.locks:
             broker.count("login_lockouts")
         # The login name as sent (repr: it may hold anything), never the password.
         log.warning(
-            "HTTP login refused for %r from %s: %s",
+            "HTTP login refused for %r%s from %s: %s",
             login,
+            "" if certificate is None else f" (client certificate for {certificate!r})",
             address,
             outcome.reason,
             extra={"peer": address},
