@@ -1,10 +1,12 @@
 """The management server over HTTPS (`[http] tls`), against a running broker: a client
 certificate logs its holder in as on a STOMP listener and the `[[acl]]` rules apply to them, a
 client without one falls back to basic auth, certificates the handshake must not accept (another
-CA's, expired, revoked, none where one is required) are refused."""
+CA's, expired, revoked, none where one is required) are refused, and `sluice admin --url
+https://...` with `--ca`, `--cert` and `--key`."""
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import urllib.error
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from cli.conftest import sluice, stderr_lines
 from server.test_auth import PASSWORDS, _write_users
 from server.test_tls import Pki
 from sluice.client.tls import client_context
@@ -188,6 +191,69 @@ def test_tls_files_that_cannot_be_used_stop_the_start(pki: Pki) -> None:
     mismatched = {"cert": str(pki.server.cert), "key": str(pki.alice.key)}
     with pytest.raises(ConfigError, match=r"\[http\]: cannot use the certificate"):
         start_managed(http={"tls": mismatched})
+
+
+# -- sluice admin over HTTPS ----------------------------------------------------------------------
+
+
+def _admin(managed: Managed, *args: str, stdin: bytes = b"") -> tuple[int, str, list[str]]:
+    url = f"https://127.0.0.1:{managed.server.port}"
+    result = sluice("admin", "--url", url, *args, stdin=stdin)
+    return result.returncode, result.stdout.decode(), stderr_lines(result)
+
+
+def test_sluice_admin_over_https(optional: Managed, pki: Pki) -> None:
+    assert _https(optional, pki, pki.alice).put("/api/destinations/queue/orders.eu").status == 201
+    ca = ("--ca", str(pki.ca.cert))
+    alice = ("--cert", str(pki.alice.cert), "--key", str(pki.alice.key))
+    code, out, err = _admin(optional, *ca, *alice, "--json", "list", "destinations")
+    assert code == 0, err
+    assert [d["name"] for d in json.loads(out)] == ["/queue/orders.eu"]
+    # Basic auth without a certificate.
+    code, out, err = _admin(
+        optional,
+        *ca,
+        "--user",
+        "alice",
+        "--password-stdin",
+        "show",
+        "/queue/orders.eu",
+        stdin=PASSWORDS["alice"].encode() + b"\n",
+    )
+    assert code == 0, err
+    assert "name: /queue/orders.eu" in out.splitlines()
+    # Bob's certificate: logged in as bob, whom the rules refuse.
+    bob = ("--cert", str(pki.bob.cert), "--key", str(pki.bob.key))
+    code, out, err = _admin(optional, *ca, *bob, "purge", "/queue/orders.eu")
+    assert (code, out) == (1, "")
+    assert err == [
+        "sluice admin: access denied: admin permission on /queue/orders.eu is not granted "
+        "(forbidden, HTTP 403)"
+    ], err
+    # Without the CA, the server's certificate is not trusted.
+    code, _, err = _admin(optional, *alice, "list", "destinations")
+    assert code == 1
+    assert len(err) == 1
+    assert "CERTIFICATE_VERIFY_FAILED" in err[0], err
+    # TLS flags need an https URL.
+    result = sluice("admin", "--url", "http://127.0.0.1:1", *ca, "list", "destinations")
+    assert result.returncode == 2
+    assert "--ca, --cert and --key are for an https:// URL" in result.stderr.decode()
+
+
+def test_sluice_admin_refused_certificate(pki: Pki, tmp_path: Path) -> None:
+    running = _secured(tmp_path, _tls(pki, "required"))
+    try:
+        ca = ("--ca", str(pki.ca.cert))
+        rogue = ("--cert", str(pki.alice_rogue.cert), "--key", str(pki.alice_rogue.key))
+        code, out, err = _admin(running, *ca, *rogue, "list", "destinations")
+        assert (code, out) == (1, "")
+        assert len(err) == 1
+        assert f"https://127.0.0.1:{running.server.port}" in err[0], err
+        assert "closed the connection without an answer" in err[0], err
+        assert "client certificate" in err[0], err
+    finally:
+        running.stop()
 
 
 def test_plain_probe_of_the_https_port_gets_no_answer(optional: Managed) -> None:

@@ -7,7 +7,10 @@ destinations|connections|subscriptions|streams|files`, `show DEST`, `store`, `pu
 default, `--json` for scripts. Speaks HTTP with the standard library.
 
 With `--user`, the password is read from the terminal, or with `--password-stdin` from the
-first line of standard input (never a command-line argument, where `ps` would show it).
+first line of standard input (never a command-line argument, where `ps` would show it). An
+`https://` URL is dialled with TLS: `--ca` names the CA certificates to trust (else the
+system's), `--cert` and `--key` a client certificate, which logs its holder in where the server
+asks for one (the flags of the other client commands).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 import argparse
 import base64
 import getpass
+import http.client
 import json
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -25,8 +30,9 @@ from typing import Any
 
 from sluice.cli.common import Runner, UsageError
 from sluice.cli.exitcodes import ExitCode
+from sluice.client.tls import client_context
 from sluice.config import DEFAULT_HTTP_HOST, DEFAULT_HTTP_PORT
-from sluice.errors import SluiceError
+from sluice.errors import SluiceError, reason_of
 
 __all__ = ["AdminError", "add_parsers"]
 
@@ -153,11 +159,23 @@ class AdminError(SluiceError):
 class _Api:
     """Requests to one management server."""
 
-    def __init__(self, url: str, user: str | None, password: str | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        user: str | None,
+        password: str | None,
+        tls: dict[str, str | None] | None = None,
+    ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise UsageError(f"--url must be http://HOST:PORT, got {url!r}")
+            raise UsageError(f"--url must be http://HOST:PORT or https://HOST:PORT, got {url!r}")
         self.base = url.rstrip("/")
+        tls = tls or {}
+        self._context: ssl.SSLContext | None = None
+        if parsed.scheme == "https":
+            self._context = client_context(**tls)
+        elif any(value is not None for value in tls.values()):
+            raise UsageError("--ca, --cert and --key are for an https:// URL")
         self._auth = None
         if user is not None:
             token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
@@ -174,13 +192,26 @@ class _Api:
         if self._auth is not None:
             request.add_header("Authorization", self._auth)
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as reply:  # noqa: S310
+            with urllib.request.urlopen(  # noqa: S310
+                request, timeout=TIMEOUT_S, context=self._context
+            ) as reply:
                 return json.loads(reply.read())
         except urllib.error.HTTPError as exc:
             raise AdminError(_error_text(exc)) from None
         except urllib.error.URLError as exc:
-            reason = getattr(exc.reason, "strerror", None) or str(exc.reason)
+            cause = exc.reason
+            reason = reason_of(cause) if isinstance(cause, BaseException) else str(cause)
             raise AdminError(f"cannot reach {self.base}: {reason}") from None
+        except http.client.RemoteDisconnected:
+            why = " (over TLS: the server may have refused the client certificate)"
+            raise AdminError(
+                f"{self.base} closed the connection without an answer"
+                + (why if self._context is not None else "")
+            ) from None
+        except ssl.SSLError as exc:
+            # TLS 1.3: a server that refuses the client's certificate says so after the
+            # handshake, when the answer is read.
+            raise AdminError(f"TLS with {self.base} failed: {reason_of(exc)}") from None
         except (OSError, ValueError) as exc:
             raise AdminError(f"bad answer from {self.base}: {exc}") from None
 
@@ -383,7 +414,8 @@ def _import_text(imported: dict[str, Any]) -> str:
 
 
 def _run_admin(args: argparse.Namespace) -> int:
-    api = _Api(args.url, args.user, _password(args))
+    tls = {"ca": args.ca, "cert": args.cert, "key": args.key}
+    api = _Api(args.url, args.user, _password(args), tls)
     action: str = args.action
     if _run_messages(api, args):
         return ExitCode.OK
@@ -503,6 +535,12 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
         help="read the password from the first line of standard input",
     )
     a.add_argument("--json", action="store_true", help="print the API's JSON, for scripts")
+    tls = a.add_argument_group("TLS (an https:// URL)")
+    tls.add_argument("--ca", default=None, metavar="FILE", help="CA certificates (PEM) to trust")
+    tls.add_argument(
+        "--cert", default=None, metavar="FILE", help="client certificate (PEM) to present"
+    )
+    tls.add_argument("--key", default=None, metavar="FILE", help="its private key (PEM)")
     actions = a.add_subparsers(dest="action", required=True)
     listing = actions.add_parser(
         "list",
