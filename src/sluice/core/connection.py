@@ -25,6 +25,7 @@ from sluice.core.message import (
     Message,
     closes_group,
 )
+from sluice.core.producers import ProducerMarks
 from sluice.core.selector import Selector, SelectorError, compile_selector
 from sluice.core.services import FlowReason
 from sluice.core.subscription import DeliveryTags, Link, Subscription
@@ -125,6 +126,8 @@ class BrokerConnection:
         self._waiting_on: set[Usage] = set()
         # Live streams being sent: (destination, stream id).
         self.open_streams: set[tuple[str, str]] = set()
+        # The destinations it counts as a producer of.
+        self.producing = ProducerMarks()
         self.closed = False
 
     # -- producing ------------------------------------------------------------------------------
@@ -157,6 +160,8 @@ class BrokerConnection:
         """Accept a message. `on_stored` runs once it may be receipted, with the store's handle
         (whose `error` says the write failed). May pause the producer."""
         destination = self._destination(message.destination)
+        if destination is not self.producing.last:
+            self.producing.note(destination)
         broker = self.broker
         persistent = message.persistent
         if persistent and broker.store_failed:
@@ -624,6 +629,7 @@ class BrokerConnection:
         for wildcard in list(self.wildcard_subs.values()):
             self._drop_wildcard(wildcard)
         self.wildcard_subs.clear()
+        self.producing.clear()
         self.broker.forget_producer(self, self._waiting_on)
         self._waiting_on.clear()
         self.broker.forget_creator(self.id)

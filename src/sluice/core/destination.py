@@ -134,6 +134,8 @@ class Destination:
         # `last_seq` less the sequence it had when the broker started or created it.
         self.traffic = Traffic()
         self.counted_from_seq = 0
+        # Connections open now that have sent to it (see `sluice.core.producers`).
+        self.producers = 0
 
     # -- dispatch scheduling --------------------------------------------------------------------
 

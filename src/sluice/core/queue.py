@@ -250,6 +250,7 @@ class Queue(QueuePicking):
             messages_ready=len(self.pending) + paged,
             messages_in_flight=self._in_flight(),
             consumers=len(self.subscriptions),
+            producers=self.producers,
             durable_subscriptions=0,
             memory_bytes=self.usage.used,
             messages_paged=paged,

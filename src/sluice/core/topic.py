@@ -284,6 +284,7 @@ class Topic(TopicLog):
             messages_ready=self.depth,
             messages_in_flight=self._in_flight(),
             consumers=len(self.subscriptions),
+            producers=self.producers,
             durable_subscriptions=len(self.durables),
             memory_bytes=self.usage.used,
             messages_paged=0,

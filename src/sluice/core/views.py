@@ -74,6 +74,8 @@ class DestinationView:
     messages_ready: int
     messages_in_flight: int
     consumers: int
+    # Connections open now that have sent to it (`sluice.core.producers`).
+    producers: int
     durable_subscriptions: int
     memory_bytes: int
     messages_paged: int
