@@ -1,7 +1,7 @@
 """The JSON API over real HTTP, against a broker carrying real STOMP traffic from stomp.py:
-depths, in-flight counts, consumers and totals checked against what the test sent; destinations
-created, purged and deleted; connections listed and closed; durable subscriptions listed and
-deleted; totals that never go back when a destination goes."""
+depths, in-flight counts, consumers, producers and totals checked against what the test sent;
+destinations created, purged and deleted; connections listed and closed; durable subscriptions
+listed and deleted; totals that never go back when a destination goes."""
 
 from __future__ import annotations
 
@@ -74,6 +74,51 @@ def test_depths_and_counts_match_the_traffic(managed: Managed) -> None:
     assert [item["name"] for item in filtered["items"]] == ["/queue/other"]
     consumer.disconnect()
     producer.disconnect()
+
+
+def _destination(managed: Managed, kind: str, name: str) -> dict[str, Any]:
+    reply = managed.http.get(f"/api/destinations/{kind}/" + urllib.parse.quote(name, safe=""))
+    assert reply.status == 200, reply.text
+    return reply.json  # type: ignore[no-any-return]
+
+
+def _producers(managed: Managed) -> dict[str, int]:
+    items = managed.http.get("/api/destinations").json["items"]
+    return {item["name"]: item["producers"] for item in items}
+
+
+def test_producers_are_the_open_connections_that_sent(managed: Managed) -> None:
+    """A destination's producers: the connections open now that have sent to it, each once
+    however many messages it sent, in a transaction or not; a consumer is not one."""
+    port = managed.broker.port
+    a, acol = _connect(port)
+    b, bcol = _connect(port)
+    consumer, ccol = _connect(port)
+    _subscribe(consumer, ccol, "/queue/p1", "s1", "auto")
+    _send(a, acol, "/queue/p1", 4)  # five SENDs, one producer
+    _send(a, acol, "/queue/p2", 0)
+    a.send("/topic/t1", "news", receipt="t1")
+    acol.receipt("t1")
+    txid = b.begin()
+    b.send("/queue/p1", "in a transaction", transaction=txid)
+    b.commit(txid, receipt="committed")
+    bcol.receipt("committed")
+    assert _producers(managed) == {"/queue/p1": 2, "/queue/p2": 1, "/topic/t1": 1}
+    p1 = _queue(managed, "p1")
+    assert (p1["producers"], p1["consumers"], p1["messages_in"]) == (2, 1, 6)
+    assert _destination(managed, "topic", "t1")["producers"] == 1
+    by_producers = managed.http.get("/api/destinations?sort=producers&order=desc").json
+    assert by_producers["items"][0]["name"] == "/queue/p1"
+    # A producer that leaves is no longer counted; what it sent stays counted.
+    a.disconnect()
+    wait_until(
+        lambda: _producers(managed) == {"/queue/p1": 1, "/queue/p2": 0, "/topic/t1": 0},
+        what="the first producer gone",
+    )
+    assert _queue(managed, "p1")["messages_in"] == 6
+    b.disconnect()
+    wait_until(lambda: _queue(managed, "p1")["producers"] == 0, what="the second producer gone")
+    consumer.disconnect()
 
 
 def test_overview_totals_and_rates(managed: Managed) -> None:

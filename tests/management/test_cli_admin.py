@@ -36,9 +36,10 @@ def test_list_show_purge_delete(managed: Managed) -> None:
     code, out, err = admin(managed, "list", "destinations")
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0].split()[:4] == ["NAME", "READY", "IN-FLIGHT", "CONSUMERS"]
+    assert lines[0].split()[:5] == ["NAME", "READY", "IN-FLIGHT", "CONSUMERS", "PRODUCERS"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
-    assert rows["/queue/jobs"][1:4] == ["5", "0", "0"]
+    # The connection that sent them is open: one producer.
+    assert rows["/queue/jobs"][1:5] == ["5", "0", "0", "1"]
     assert rows["/queue/jobs.eu/x"][1] == "1"
     code, out, _ = admin(managed, "--json", "list", "destinations")
     assert code == 0

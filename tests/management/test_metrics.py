@@ -61,6 +61,8 @@ def test_metrics_match_the_traffic(managed: Managed) -> None:
     assert m[("sluice_destination_messages_ready", _q("/queue/m2"))] == 3
     assert m[("sluice_destination_messages_in_total", _q("/queue/m1"))] == 12
     assert m[("sluice_destination_consumers", _q("/queue/m1"))] == 1
+    assert m[("sluice_destination_producers", _q("/queue/m1"))] == 1
+    assert m[("sluice_destination_producers", _q("/queue/m2"))] == 1
     assert m[("sluice_messages_ready", ())] == 8
     assert m[("sluice_messages_unacked", ())] == 5
     assert m[("sluice_destinations", (("kind", "queue"),))] == 2

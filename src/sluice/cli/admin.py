@@ -88,6 +88,7 @@ _TABLES: dict[str, list[Column]] = {
         ("READY", lambda d: d["messages_ready"]),
         ("IN-FLIGHT", lambda d: d["messages_in_flight"]),
         ("CONSUMERS", lambda d: d["consumers"]),
+        ("PRODUCERS", lambda d: d["producers"]),
         ("PAGED", lambda d: d["messages_paged"]),
         ("MEMORY", lambda d: d["memory_bytes"]),
         ("IN", lambda d: d["messages_in"]),

@@ -39,6 +39,7 @@ _SORT_KEYS: dict[str, Any] = {
         "messages_ready",
         "messages_in_flight",
         "consumers",
+        "producers",
         "memory_bytes",
         "messages_paged",
         "messages_in",

@@ -73,6 +73,7 @@ _DESTINATION_SERIES = (
     ("memory_bytes", "Bytes of messages held in memory", "memory_bytes", "gauge"),
     ("paged_bytes", "Bytes of ready messages held by a store alone", "paged_bytes", "gauge"),
     ("consumers", "Subscriptions consuming it", "consumers", "gauge"),
+    ("producers", "Connections open now that have sent to it", "producers", "gauge"),
     ("messages_in", "Messages that came in", "messages_in", "counter"),
     ("messages_delivered", "Deliveries to consumers", "delivered", "counter"),
     ("messages_acked", "Deliveries acknowledged", "acked", "counter"),
