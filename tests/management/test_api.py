@@ -254,6 +254,51 @@ def test_connections_listed_and_closed(managed: Managed) -> None:
     assert managed.http.delete(f"/api/connections/{view['id']}").status == 404
 
 
+def test_consumers_listed_with_their_credit(managed: Managed) -> None:
+    """Which consumer holds what: each subscription with what it holds unacknowledged and the
+    credit it has left, checked against what stomp.py consumers took."""
+    port = managed.broker.port
+    producer, pcol = _connect(port)
+    _send(producer, pcol, "/queue/jobs", 4)  # 5
+    slow, scol = _connect(port)
+    _subscribe(
+        slow, scol, "/queue/jobs", "slow", "client-individual", **{"activemq.prefetchSize": "3"}
+    )
+    held = [scol.message() for _ in range(3)]
+    watcher, wcol = _connect(port)
+    _subscribe(watcher, wcol, "/topic/news", "w", "auto", selector="region = 'eu'")
+    wait_until(lambda: managed.http.get("/api/consumers").json["total"] == 2, what="two consumers")
+    page = managed.http.get("/api/consumers?sort=messages_in_flight&order=desc").json
+    jobs, news = page["items"]
+    assert jobs["destination"] == "/queue/jobs"
+    assert (jobs["subscription_id"], jobs["ack_mode"], jobs["prefetch"]) == (
+        "slow",
+        "client-individual",
+        3,
+    )
+    assert (jobs["messages_in_flight"], jobs["credit"], jobs["writable"]) == (3, 0, True)
+    assert jobs["bytes_in_flight"] > 0
+    assert news["destination"] == "/topic/news"
+    assert (news["ack_mode"], news["selector"], news["credit"]) == ("auto", "region = 'eu'", None)
+    assert jobs["connection_id"] != news["connection_id"]
+    # Two acknowledged: two more delivered, and the credit is spent again.
+    for frame in held[:2]:
+        slow.ack(frame.headers["ack"])
+    for _ in range(2):
+        scol.message()
+    only = managed.http.get("/api/consumers?destination=/queue/jobs").json["items"]
+    assert [(c["messages_in_flight"], c["credit"]) for c in only] == [(3, 0)]
+    by_connection = managed.http.get(f"/api/consumers?connection={news['connection_id']}").json
+    assert [c["subscription_id"] for c in by_connection["items"]] == ["w"]
+    assert managed.http.get("/api/consumers?connection=x").status == 400
+    slow.disconnect()
+    wait_until(
+        lambda: managed.http.get("/api/consumers").json["total"] == 1, what="a consumer gone"
+    )
+    watcher.disconnect()
+    producer.disconnect()
+
+
 def test_durable_subscriptions_listed_and_deleted(managed: Managed) -> None:
     port = managed.broker.port
     reader = stomp.Connection12([("127.0.0.1", port)])

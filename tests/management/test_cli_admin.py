@@ -88,6 +88,11 @@ def test_connections_subscriptions_and_close(managed: Managed) -> None:
     code, out, _ = admin(managed, "list", "subscriptions")
     assert code == 0
     assert out.splitlines()[1].split() == ["/topic/t", "cli-test", "s", "0", "0", "yes"]
+    code, out, _ = admin(managed, "list", "consumers")
+    assert code == 0
+    heading, row = out.splitlines()
+    assert heading.split()[:3] == ["DESTINATION", "CONNECTION", "SUB-ID"]
+    assert row.split()[2:] == ["d", "client", "100", "0", "100", "yes", "-"]
     code, out, _ = admin(managed, "--json", "list", "connections")
     assert code == 0
     (view,) = json.loads(out)

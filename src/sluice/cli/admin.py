@@ -1,7 +1,7 @@
 """`sluice admin --url http://HOST:PORT ...`: the management API's client, in the manner of
 `rabbitmqadmin` and `activemq query|browse|purge`: `list
-destinations|connections|subscriptions|streams|files`, `show DEST`, `store`, `purge DEST`,
-`delete DEST`, `close CONNECTION`, `export [FILE]`, `import FILE`; on a queue's messages
+destinations|connections|consumers|subscriptions|streams|files`, `show DEST`, `store`, `purge
+DEST`, `delete DEST`, `close CONNECTION`, `export [FILE]`, `import FILE`; on a queue's messages
 `browse` (a search with `--selector`, `--header`, `--id`), `count`, `move`, `copy`,
 `delete-messages`, `retry` (`--all` or a filter, `--dry-run`), and `send`. A table by
 default, `--json` for scripts. Speaks HTTP with the standard library.
@@ -135,6 +135,17 @@ _TABLES: dict[str, list[Column]] = {
         ("PINS", lambda f: f["pins"]),
         ("HEAD", lambda f: "yes" if f["head"] else "no"),
         ("PINNED-BY", _pinned_by),
+    ],
+    "consumers": [
+        ("DESTINATION", lambda c: c["destination"]),
+        ("CONNECTION", lambda c: c["connection_id"]),
+        ("SUB-ID", lambda c: c["subscription_id"]),
+        ("ACK", lambda c: c["ack_mode"]),
+        ("PREFETCH", lambda c: c["prefetch"]),
+        ("IN-FLIGHT", lambda c: c["messages_in_flight"]),
+        ("CREDIT", lambda c: _dash(c["credit"])),
+        ("WRITABLE", lambda c: "yes" if c["writable"] else "no"),
+        ("SELECTOR", lambda c: _dash(c["selector"])),
     ],
     "subscriptions": [
         ("TOPIC", lambda s: s["destination"]),
@@ -545,11 +556,12 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
     actions = a.add_subparsers(dest="action", required=True)
     listing = actions.add_parser(
         "list",
-        help="list destinations, connections, durable subscriptions, streams in progress, or "
-        "the store's data files",
+        help="list destinations, connections, consumers, durable subscriptions, streams in "
+        "progress, or the store's data files",
     )
     listing.add_argument(
-        "what", choices=["connections", "destinations", "files", "streams", "subscriptions"]
+        "what",
+        choices=["connections", "consumers", "destinations", "files", "streams", "subscriptions"],
     )
     actions.add_parser("store", help="show where the message store stands")
     export = actions.add_parser(

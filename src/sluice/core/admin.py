@@ -1,6 +1,6 @@
 """What operators see of the broker and do to it (the management API's part of `Broker`):
-totals that never go down, views of destinations, durable subscriptions and streams, and the
-destinations and durable subscriptions an operator creates or deletes."""
+totals that never go down, views of destinations, consumers, durable subscriptions and
+streams, and the destinations and durable subscriptions an operator creates or deletes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from sluice.config import Limits
 from sluice.core.destination import Destination
 from sluice.core.message import DestinationNameError, parse_destination
 from sluice.core.topic import Topic
-from sluice.core.views import DestinationView, DurableView, StreamView, Totals
+from sluice.core.views import ConsumerView, DestinationView, DurableView, StreamView, Totals
 from sluice.core.wildcard import is_wildcard
 from sluice.errors import DestinationInUseError, LimitExceeded, RequestError
 
@@ -60,6 +60,14 @@ class BrokerAdmin:
             view
             for destination in self.destinations.values()
             for view in destination.durable_views()
+        ]
+
+    def consumer_views(self) -> list[ConsumerView]:
+        """Every consumer: each subscription of each destination."""
+        return [
+            sub.view()
+            for destination in self.destinations.values()
+            for sub in destination.subscriptions
         ]
 
     def stream_views(self) -> list[StreamView]:

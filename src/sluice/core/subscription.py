@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from sluice.core.message import AckMode, DestinationKind, Message
+from sluice.core.views import ConsumerView
 
 _JMS_IDENTIFIERS: dict[str, Callable[[Message], object]] = {
     "JMSMessageID": lambda m: m.message_id,
@@ -211,6 +212,26 @@ class Subscription:
         self.durable: Durable | None = None
         # Opaque to the core: the link caches what it needs per subscription (encoded headers).
         self.link_data: bytes = b""
+
+    def view(self) -> ConsumerView:
+        """What an operator sees of it now."""
+        in_flight = len(self.inflight)
+        return ConsumerView(
+            destination=self.destination.name,
+            connection_id=self.connection_id,
+            subscription_id=self.id,
+            ack_mode=self.ack_mode.value,
+            selector=self.selector.text if self.selector is not None else None,
+            exclusive=self.exclusive,
+            durable_name=self.durable_name,
+            client_id=self.client_id,
+            prefetch=self.prefetch,
+            prefetch_bytes=self.prefetch_bytes,
+            messages_in_flight=in_flight,
+            bytes_in_flight=self.inflight_bytes,
+            credit=None if self.auto else max(0, self.prefetch - in_flight),
+            writable=self.link.writable,
+        )
 
     def ready(self) -> bool:
         """May the destination hand this subscription another message now?"""

@@ -1,6 +1,6 @@
 """What an operator may see of the running broker, as values: a destination
-(`DestinationView`), a durable subscription (`DurableView`), a client connection
-(`ConnectionView`), a stream in progress (`StreamView`) and the broker's message totals
+(`DestinationView`), a durable subscription (`DurableView`), a consumer (`ConsumerView`), a client
+connection (`ConnectionView`), a stream in progress (`StreamView`) and the broker's message totals
 (`Totals`); and the counters each destination keeps of its traffic (`Traffic`).
 
 The core builds the views when asked (`Broker.destination_views`, `Broker.totals`, ...); the
@@ -116,6 +116,30 @@ class DurableView:
     cursor: int
     lag: int
     active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerView:
+    """A consumer: one subscription of a connection to a destination (a wildcard subscription
+    is one per topic it matches). `credit` is how many more messages it may be given before it
+    acknowledges some (`prefetch` less `messages_in_flight`; None when it acknowledges
+    automatically, and so is bounded by its connection's writes alone); `writable` is False
+    while its connection's write buffer is full (it gets nothing meanwhile)."""
+
+    destination: str
+    connection_id: int
+    subscription_id: str
+    ack_mode: str
+    selector: str | None
+    exclusive: bool
+    durable_name: str | None
+    client_id: str | None
+    prefetch: int
+    prefetch_bytes: int
+    messages_in_flight: int
+    bytes_in_flight: int
+    credit: int | None
+    writable: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,11 @@
-"""The API's connections and durable subscriptions: `/api/connections` (list, and close one
-with DELETE `/api/connections/{id}`), `/api/subscriptions` (list, and delete one with DELETE
-`/api/subscriptions/{topic}/{client_id}/{name}`, each part percent-encoded).
+"""The API's connections, consumers and durable subscriptions: `/api/connections` (list, and
+close one with DELETE `/api/connections/{id}`), `/api/consumers` (list), `/api/subscriptions`
+(list, and delete one with DELETE `/api/subscriptions/{topic}/{client_id}/{name}`, each part
+percent-encoded).
 
 Connections concern the whole broker: listing them needs `read`, closing one `admin`, on every
-destination. A durable subscription is its topic's: listing needs `read` on the topic,
-deleting `admin`.
+destination. A consumer is its destination's, a durable subscription its topic's: listing needs
+`read` on it, deleting a durable subscription `admin`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import Any
 from aiohttp import web
 
 from sluice.auth.identity import Permission
-from sluice.core.views import ConnectionView, DurableView
+from sluice.core.views import ConnectionView, ConsumerView, DurableView
 from sluice.errors import DestinationInUseError, RequestError
 from sluice.http.context import Serving
 from sluice.http.errors import ApiError, ErrorCode
 from sluice.http.gate import caller_of
-from sluice.http.listing import page_of
+from sluice.http.listing import page_of, query_int
 
 __all__ = ["routes"]
 
@@ -35,6 +36,13 @@ _CONNECTION_SORT: dict[str, Any] = {
     "bytes_out": lambda v: (v.bytes_out, v.id),
     "connected_at_ms": lambda v: (v.connected_at_ms, v.id),
 }
+_CONSUMER_SORT: dict[str, Any] = {
+    "destination": lambda v: (v.destination, v.connection_id, v.subscription_id),
+    "connection_id": lambda v: (v.connection_id, v.subscription_id, v.destination),
+    "messages_in_flight": lambda v: (v.messages_in_flight, v.destination, v.connection_id),
+    # Automatic acknowledgement (no credit) sorts after every credit.
+    "credit": lambda v: (v.credit is None, v.credit or 0, v.destination, v.connection_id),
+}
 _SUBSCRIPTION_SORT: dict[str, Any] = {
     "destination": lambda v: (v.destination, v.client_id, v.name),
     "lag": lambda v: (v.lag, v.destination, v.client_id, v.name),
@@ -47,6 +55,10 @@ def _connection(view: ConnectionView) -> dict[str, Any]:
     send_ms, receive_ms = view.heartbeat_ms
     out["heartbeat_ms"] = {"send": send_ms, "receive": receive_ms}
     return out
+
+
+def _consumer(view: ConsumerView) -> dict[str, Any]:
+    return dataclasses.asdict(view)
 
 
 def _subscription(view: DurableView) -> dict[str, Any]:
@@ -90,6 +102,27 @@ class ConnectionsApi:
             extra=caller.log_extra,
         )
         return web.json_response({"closed": connection_id})
+
+    async def list_consumers(self, request: web.Request) -> web.Response:
+        """Consumers of destinations the caller may read: `destination` (exact), `connection`
+        (an id), `sort`, `order`, `offset`, `limit`."""
+        caller = caller_of(request)
+        query = request.query
+        destination = query.get("destination")
+        connection = None
+        if "connection" in query:
+            connection = query_int(query, "connection", 0, 0, 1 << 62)
+        views = [
+            view
+            for view in self.managed.broker.consumer_views()
+            if (destination is None or view.destination == destination)
+            and (connection is None or view.connection_id == connection)
+            and caller.allows(view.destination, Permission.READ)
+        ]
+        page = page_of(
+            views, query, sort_keys=_CONSUMER_SORT, default_sort="destination", render=_consumer
+        )
+        return web.json_response(page)
 
     async def list_subscriptions(self, request: web.Request) -> web.Response:
         """Durable subscriptions of topics the caller may read: `destination` (exact),
@@ -144,6 +177,7 @@ def routes(server: Serving) -> list[web.RouteDef]:
     return [
         web.get("/api/connections", handlers.list_connections, allow_head=False),
         web.delete("/api/connections/{id}", handlers.close_connection),
+        web.get("/api/consumers", handlers.list_consumers, allow_head=False),
         web.get("/api/subscriptions", handlers.list_subscriptions, allow_head=False),
         web.delete("/api/subscriptions/{topic}/{client_id}/{name}", handlers.delete_subscription),
     ]
