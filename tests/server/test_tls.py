@@ -19,10 +19,10 @@ import pytest
 import stomp
 
 from conftest import RunningBroker, start_broker
+from sluice.auth.handshake import LOG_BURST, FailureLog
 from sluice.auth.users import ScryptParams, User, UsersFile, hash_password, save_users
 from sluice.client import BlockingClient, BrokerErrorFrame, Client
 from sluice.errors import ClientError
-from sluice.server.handshake import LOG_BURST, FailureLog
 from tlscerts import Authority, Issued
 from waiting import wait_until
 
@@ -154,7 +154,9 @@ class _Frames(stomp.ConnectionListener):  # type: ignore[misc]
 
 def _no_traceback(caplog: pytest.LogCaptureFixture) -> None:
     """Nothing the broker (or asyncio under it) logged carries a traceback."""
-    broker_records = [r for r in caplog.records if r.name.startswith(("sluice.server", "asyncio"))]
+    broker_records = [
+        r for r in caplog.records if r.name.startswith(("sluice.server", "sluice.auth", "asyncio"))
+    ]
     assert broker_records
     assert all(record.exc_info is None for record in broker_records)
     assert all("Traceback" not in record.getMessage() for record in broker_records)
@@ -252,7 +254,7 @@ def test_a_flood_of_failed_handshakes_is_counted_but_not_all_logged(
 def test_failure_log_sums_up_what_it_held_back(caplog: pytest.LogCaptureFixture) -> None:
     now = [100.0]
     failures = FailureLog(window_s=10.0, burst=2, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="sluice.server.handshake"):
+    with caplog.at_level(logging.WARNING, logger="sluice.auth.handshake"):
         for i in range(5):
             failures.warn(f"127.0.0.1:{i}", "WRONG_VERSION_NUMBER")
         assert failures.held_back == 3

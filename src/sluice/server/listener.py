@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sluice import __version__
 from sluice.auth.acl import AccessControl
+from sluice.auth.handshake import TlsListener
 from sluice.auth.login import Authenticator as UsersAuthenticator
 from sluice.auth.tls import server_context
 from sluice.auth.users import UsersFile, load_users
@@ -21,7 +22,6 @@ from sluice.config import Config, Listener
 from sluice.core.broker import Broker
 from sluice.core.views import ConnectionView
 from sluice.server.context import Authenticator, Guard, LiveSession, SessionContext
-from sluice.server.handshake import TlsListener
 from sluice.server.hops import HopRecorder
 from sluice.server.inbound import InboundBudget, MemoryTrim
 from sluice.server.session import StompSession

@@ -1,14 +1,16 @@
-"""A TLS listener: it accepts connections itself and runs each TLS handshake before the STOMP
-session begins.
+"""A TLS listener: it accepts connections itself and runs each TLS handshake before the
+connection's protocol begins (a STOMP session on a `[[listeners]]` table with `tls`, the
+management server's HTTP with `[http] tls`).
 
 `loop.create_server(ssl=...)` would drop a failed handshake without a word (asyncio and uvloop
 only log those in debug mode). Here each accepted socket is handed to
 `loop.connect_accepted_socket` with the listener's context, which returns once the handshake is
-done (the session's `connection_made` has then run) or raises. A failure (wrong CA, an expired or
-missing client certificate, an old protocol version, a peer that does not speak TLS, no handshake
-within the deadline) is logged as one line with the peer and OpenSSL's reason, without a
-traceback, and counted (`tls_handshake_failures`; `tls_handshakes` counts the good ones). Every
-failure is counted, but no more than `LOG_BURST` lines are logged in `LOG_WINDOW_S` (`FailureLog`).
+done (the protocol's `connection_made` has then run) or raises. A failure (wrong CA, an expired
+or missing client certificate, an old protocol version, a peer that does not speak TLS, no
+handshake within the deadline) is logged as one line with the peer and OpenSSL's reason, without
+a traceback, and counted (`tls_handshake_failures`; `tls_handshakes` counts the good ones). Every
+failure is counted, but no more than `LOG_BURST` lines are logged in `LOG_WINDOW_S`
+(`FailureLog`). Here, below `sluice.server` and `sluice.http`, so that both listen the same way.
 """
 
 from __future__ import annotations
@@ -68,7 +70,10 @@ class TlsListener:
         *,
         timeout_s: float | None,
         count: Callable[[str], None],
+        where: str = "",
     ) -> None:
+        """`count` is called with the name of each counter to add one to; `where` (say " on
+        the management server") follows the peer in the log lines."""
         self.context = context
         self.make_session = make_session
         self.timeout_s = timeout_s
@@ -77,7 +82,7 @@ class TlsListener:
         self.port = 0
         self._accepting: list[asyncio.Task[None]] = []
         self._handshakes: set[asyncio.Task[None]] = set()
-        self.failures = FailureLog()
+        self.failures = FailureLog(where=where)
 
     def listen(self, host: str, port: int) -> None:
         """Bind, listen and start accepting; `OSError` if the address cannot be had."""
@@ -152,8 +157,10 @@ class FailureLog:
         window_s: float = LOG_WINDOW_S,
         burst: int = LOG_BURST,
         clock: Callable[[], float] = time.monotonic,
+        where: str = "",
     ) -> None:
         self.window_s = window_s
+        self.where = where
         self.burst = burst
         self.clock = clock
         self._window_start = clock()
@@ -166,15 +173,16 @@ class FailureLog:
         if now - self._window_start >= self.window_s:
             if self.held_back:
                 log.warning(
-                    "%d more TLS handshake failures not logged in the last %.0f s "
+                    "%d more TLS handshake failures%s not logged in the last %.0f s "
                     "(counted in tls_handshake_failures)",
                     self.held_back,
+                    self.where,
                     now - self._window_start,
                 )
             self._window_start = now
             self._logged = self.held_back = 0
         if self._logged < self.burst:
             self._logged += 1
-            log.warning("TLS handshake with %s failed: %s", peer, reason)
+            log.warning("TLS handshake with %s%s failed: %s", peer, self.where, reason)
         else:
             self.held_back += 1
