@@ -7,6 +7,7 @@ https://...` with `--ca`, `--cert` and `--key`."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import ssl
 import urllib.error
@@ -15,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cli.conftest import sluice, stderr_lines
 from server.test_auth import PASSWORDS, _write_users
 from server.test_tls import Pki
+from sluice.auth.handshake import LOG_BURST
 from sluice.client.tls import client_context
 from sluice.errors import ConfigError
+from waiting import wait_until
 
 from .conftest import Http, Managed, start_managed
 from .test_auth import ACL
@@ -261,3 +265,80 @@ def test_plain_probe_of_the_https_port_gets_no_answer(optional: Managed) -> None
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         sock.settimeout(10)
         assert b"200" not in sock.recv(100)
+
+
+# -- failed handshakes, logged and counted as a STOMP listener's ---------------------------------
+
+
+def _handshake_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "TLS handshake" in r.getMessage()]
+
+
+def _tls_metrics(managed: Managed, pki: Pki) -> dict[tuple[str, str], float]:
+    reply = _https(managed, pki, pki.alice).get("/metrics")
+    assert reply.status == 200, reply.text
+    return {
+        (sample.name, sample.labels["server"]): sample.value
+        for family in text_string_to_metric_families(reply.text)
+        if family.name in ("sluice_tls_handshakes", "sluice_tls_handshake_failures")
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+def test_failed_https_handshakes_are_logged_and_counted(
+    pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer that speaks plain HTTP, a certificate of another CA and a client that does not
+    trust the server: each failed handshake is one line naming the peer and OpenSSL's reason,
+    with no traceback, and counted with the listeners' (`tls_handshake_failures`) and apart
+    (`http_tls_handshake_failures`, the `http` series in /metrics)."""
+    caplog.set_level(logging.INFO)
+    running = _secured(tmp_path, _tls(pki, "required"))
+    try:
+        stats = running.broker.stats
+        with socket.create_connection(("127.0.0.1", running.server.port), 5) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.settimeout(10)
+            assert sock.recv(100) == b""  # closed, no HTTP answer
+        wait_until(lambda: stats().get("http_tls_handshake_failures", 0) == 1, what="plain")
+        _handshake_refused(_https(running, pki, pki.alice_rogue))
+        _handshake_refused(running.http.with_context(client_context(ca=pki.rogue.cert)))
+        wait_until(lambda: stats().get("http_tls_handshake_failures", 0) == 3, what="3 failures")
+        assert _https(running, pki, pki.alice).get("/api/overview").status == 200
+        counters = stats()
+        assert counters["tls_handshake_failures"] == 3
+        assert counters["http_tls_handshakes"] == counters["tls_handshakes"] >= 1
+        lines = _handshake_lines(caplog)
+        assert len(lines) == 3, lines
+        assert all(" on the management server failed: " in line for line in lines), lines
+        reasons = sorted(line.partition(" failed: ")[2].partition(":")[0] for line in lines)
+        # Plain HTTP, the rogue certificate, a client that does not trust the server.
+        assert reasons == ["CERTIFICATE_VERIFY_FAILED", "HTTP_REQUEST", "TLSV1_ALERT_UNKNOWN_CA"]
+        assert all(line.startswith("TLS handshake with 127.0.0.1:") for line in lines), lines
+        records = [r for r in caplog.records if r.name.startswith(("sluice", "asyncio", "aiohttp"))]
+        assert all(record.exc_info is None for record in records)
+        metrics = _tls_metrics(running, pki)
+        assert metrics[("sluice_tls_handshake_failures_total", "http")] == 3
+        assert metrics[("sluice_tls_handshake_failures_total", "stomp")] == 0
+        assert metrics[("sluice_tls_handshakes_total", "http")] >= 2
+    finally:
+        running.stop()
+
+
+def test_a_flood_of_failed_https_handshakes_is_counted_not_all_logged(
+    optional: Managed, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    for _ in range(LOG_BURST + 15):
+        with socket.create_connection(("127.0.0.1", optional.server.port), 5) as sock:
+            sock.sendall(b"not TLS\n")
+            sock.settimeout(10)
+            assert sock.recv(100) == b""
+    stats = optional.broker.stats
+    wait_until(
+        lambda: stats().get("http_tls_handshake_failures", 0) == LOG_BURST + 15,
+        what="every failure counted",
+    )
+    assert stats()["tls_handshake_failures"] == LOG_BURST + 15
+    assert len(_handshake_lines(caplog)) == LOG_BURST

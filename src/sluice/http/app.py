@@ -5,6 +5,10 @@ checks. The API's handlers are in `api.py`, `messages.py`, `connections.py`, `st
 
 No thread per request: handlers run on the loop and only ask the core for values; a password
 hash runs on the broker's login threads (`gate.py`).
+
+Over HTTPS the server accepts through the STOMP listeners' `TlsListener`, not aiohttp's site:
+a failed handshake is then logged (at most `LOG_BURST` lines in `LOG_WINDOW_S`) and counted in
+`tls_handshake_failures` as a listener's is, and in `http_tls_handshake_failures` besides.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -20,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from sluice import __version__
+from sluice.auth.handshake import TlsListener
 from sluice.auth.tls import server_context
 from sluice.errors import SluiceError
 from sluice.http import api, connections, definitions, messages, metrics, store
@@ -71,6 +77,7 @@ class ManagementServer:
         self._clock = clock
         self.port = 0
         self._runner: web.AppRunner | None = None
+        self._tls_listener: TlsListener | None = None
         self._sampler: RateSampler | None = None
         self.app = self._build_app()
 
@@ -166,11 +173,13 @@ class ManagementServer:
         context = server_context(settings.tls, "[http]") if settings.tls is not None else None
         runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
-        site = web.TCPSite(
-            runner, settings.host, settings.port, ssl_context=context, reuse_address=True
-        )
         try:
-            await site.start()
+            if context is None:
+                site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
+                await site.start()
+                self.port = int(runner.addresses[0][1])
+            else:
+                self.port = self._listen_tls(runner, context)
         except OSError as exc:
             await runner.cleanup()
             raise SluiceError(
@@ -178,10 +187,31 @@ class ManagementServer:
                 f"{exc.strerror or exc}; set [http] port, or enabled = false"
             ) from None
         self._runner = runner
-        self.port = int(runner.addresses[0][1])
         self._sampler = RateSampler(self.managed.broker, asyncio.get_running_loop())
         self._sampler.start()
         log.info("management API on %s", self.url)
+
+    def _listen_tls(self, runner: web.AppRunner, context: ssl.SSLContext) -> int:
+        """Accept HTTPS connections through a `TlsListener` feeding aiohttp's protocol; the
+        port it got."""
+        server = runner.server
+        assert server is not None, "the runner is set up"
+        broker = self.managed.broker
+
+        def count(name: str) -> None:
+            broker.count(name)  # the listeners' counters: every TLS handshake of the broker
+            broker.count("http_" + name)
+
+        listener = TlsListener(
+            context,
+            server,
+            timeout_s=self.managed.config.limits.connect_timeout_s or None,
+            count=count,
+            where=" on the management server",
+        )
+        listener.listen(self.settings.host, self.settings.port)
+        self._tls_listener = listener
+        return listener.port
 
     @property
     def url(self) -> str:
@@ -195,6 +225,9 @@ class ManagementServer:
         """Stop listening; requests in progress get `SHUTDOWN_TIMEOUT_S` to finish."""
         if self._sampler is not None:
             self._sampler.stop()
+        if self._tls_listener is not None:
+            self._tls_listener.close()
+            self._tls_listener = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -200,6 +200,16 @@ class BrokerCollector(Collector):
             if counter.startswith("closed_"):
                 closed.add_metric([counter.removeprefix("closed_")], value)
         yield closed
+        for name, text in (
+            ("tls_handshakes", "TLS handshakes completed, by server"),
+            ("tls_handshake_failures", "TLS handshakes failed, by server"),
+        ):
+            # The broker's counter holds both servers' handshakes; `http_` ones the HTTPS port's.
+            http = stats.get("http_" + name, 0)
+            handshakes = CounterMetricFamily(f"sluice_{name}", text, labels=["server"])
+            handshakes.add_metric(["stomp"], stats.get(name, 0) - http)
+            handshakes.add_metric(["http"], http)
+            yield handshakes
 
     def _resources(self, stats: dict[str, int]) -> Iterator[Metric]:
         broker = self._serving.managed.broker
