@@ -299,6 +299,63 @@ def test_consumers_listed_with_their_credit(managed: Managed) -> None:
     producer.disconnect()
 
 
+def test_connections_listed_with_protocol_and_credit(managed: Managed) -> None:
+    """A connection's credit is its consumers' summed: messages and bytes left, what it holds
+    unacknowledged, and its subscriptions without credit (ack auto); checked against what a
+    stomp.py consumer took and acknowledged, and against /api/consumers."""
+    port = managed.broker.port
+    producer, pcol = _connect(port)
+    _send(producer, pcol, "/queue/work", 5)  # 6
+    consumer, ccol = _connect(port)
+    work = {"activemq.prefetchSize": "4", "x-prefetch-bytes": "100000"}
+    _subscribe(consumer, ccol, "/queue/work", "w", "client-individual", **work)
+    held = [ccol.message() for _ in range(4)]
+    _subscribe(consumer, ccol, "/queue/idle", "i", "client", **{"activemq.prefetchSize": "10"})
+    _subscribe(consumer, ccol, "/topic/news", "n", "auto")
+    wait_until(lambda: managed.http.get("/api/consumers").json["total"] == 3, what="consumers")
+
+    def listing() -> dict[int, dict[str, Any]]:
+        page = managed.http.get("/api/connections?sort=credit").json
+        return {view["id"]: view for view in page["items"]}
+
+    (work_view,) = managed.http.get("/api/consumers?destination=/queue/work").json["items"]
+    cid = work_view["connection_id"]
+    assert work_view["bytes_in_flight"] > 0
+    assert work_view["credit_bytes"] == 100_000 - work_view["bytes_in_flight"]
+    views = listing()
+    assert list(views)[-1] == cid  # sorted by credit: the producer's is 0
+    view = views[cid]
+    assert (view["protocol"], view["tls"], view["subscriptions"]) == ("stomp-tcp", False, 3)
+    assert view["credit"] == {
+        "messages": 0 + 10,  # /queue/work's spent, /queue/idle's untouched
+        "bytes": 100_000 - work_view["bytes_in_flight"],  # only /queue/work has a byte credit
+        "auto_ack_subscriptions": 1,
+    }
+    assert (view["messages_in_flight"], view["bytes_in_flight"]) == (
+        4,
+        work_view["bytes_in_flight"],
+    )
+    (other,) = [v for v in views.values() if v["id"] != cid]
+    assert other["protocol"] == "stomp-tcp"
+    assert other["credit"] == {"messages": 0, "bytes": None, "auto_ack_subscriptions": 0}
+    assert other["messages_in_flight"] == 0
+    # Four acknowledged: the last two are delivered, and two of the four credits come back.
+    for frame in held:
+        consumer.ack(frame.headers["ack"])
+    rest = [ccol.message() for _ in range(2)]
+    wait_until(lambda: listing()[cid]["credit"]["messages"] == 12, what="credit back")
+    view = listing()[cid]
+    assert view["messages_in_flight"] == 2
+    (work_view,) = managed.http.get("/api/consumers?destination=/queue/work").json["items"]
+    assert work_view["messages_in_flight"] == len(rest)
+    assert view["credit"]["bytes"] == work_view["credit_bytes"]
+    assert work_view["credit_bytes"] == 100_000 - work_view["bytes_in_flight"]
+    bad = managed.http.get("/api/connections?sort=nothing")
+    assert bad.status == 400
+    consumer.disconnect()
+    producer.disconnect()
+
+
 def test_durable_subscriptions_listed_and_deleted(managed: Managed) -> None:
     port = managed.broker.port
     reader = stomp.Connection12([("127.0.0.1", port)])

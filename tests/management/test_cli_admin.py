@@ -92,11 +92,31 @@ def test_connections_subscriptions_and_close(managed: Managed) -> None:
     assert code == 0
     heading, row = out.splitlines()
     assert heading.split()[:3] == ["DESTINATION", "CONNECTION", "SUB-ID"]
-    assert row.split()[2:] == ["d", "client", "100", "0", "100", "yes", "-"]
+    assert row.split()[2:] == ["d", "client", "100", "0", "100", "-", "yes", "-"]
+    code, out, _ = admin(managed, "list", "connections")
+    assert code == 0
+    heading, row = out.splitlines()
+    assert heading.split()[3:] == [
+        "PROTOCOL",
+        "CLIENT-ID",
+        "VERSION",
+        "HEART-BEAT",
+        "BYTES-IN",
+        "BYTES-OUT",
+        "SUBS",
+        "IN-FLIGHT",
+        "CREDIT",
+        "CREDIT-BYTES",
+        "AUTO-ACK",
+    ]
+    cells = row.split()
+    assert cells[3:6] == ["stomp-tcp", "cli-test", "1.2"]
+    assert cells[-5:] == ["1", "0", "100", "-", "0"]
     code, out, _ = admin(managed, "--json", "list", "connections")
     assert code == 0
     (view,) = json.loads(out)
     assert view["client_id"] == "cli-test"
+    assert view["credit"] == {"messages": 100, "bytes": None, "auto_ack_subscriptions": 0}
     code, out, _ = admin(managed, "close", str(view["id"]))
     assert (code, out.strip()) == (0, f"closed connection {view['id']}")
     assert "closed by an operator" in col.errors.get(timeout=10).headers["message"]

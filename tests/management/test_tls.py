@@ -22,6 +22,7 @@ from cli.conftest import sluice, stderr_lines
 from server.test_auth import PASSWORDS, _write_users
 from server.test_tls import Pki
 from sluice.auth.handshake import LOG_BURST
+from sluice.client import BlockingClient
 from sluice.client.tls import client_context
 from sluice.errors import ConfigError
 from waiting import wait_until
@@ -342,3 +343,43 @@ def test_a_flood_of_failed_https_handshakes_is_counted_not_all_logged(
     )
     assert stats()["tls_handshake_failures"] == LOG_BURST + 15
     assert len(_handshake_lines(caplog)) == LOG_BURST
+
+
+def test_connections_say_their_protocol(pki: Pki) -> None:
+    """A STOMP client over a TLS listener is listed as `stomp-tls`, one over plain TCP as
+    `stomp-tcp`."""
+    tls = {"cert": str(pki.server.cert), "key": str(pki.server.key), "ca": str(pki.ca.cert)}
+    running = start_managed(
+        listeners=[{"host": "127.0.0.1", "port": 0}, {"host": "127.0.0.1", "port": 0, "tls": tls}]
+    )
+    listeners = running.broker.server.listeners
+    plain = BlockingClient(f"127.0.0.1:{listeners[0].port}", reconnect=False)
+    secure = BlockingClient(
+        f"127.0.0.1:{listeners[1].port}",
+        tls=True,
+        ca=str(pki.ca.cert),
+        server_hostname="localhost",
+        reconnect=False,
+    )
+    try:
+        with plain, secure:
+            plain.send("/queue/p", b"plain")
+            secure.send("/queue/p", b"tls")
+            items = running.http.get("/api/connections").json["items"]
+            assert sorted((c["protocol"], c["tls"]) for c in items) == [
+                ("stomp-tcp", False),
+                ("stomp-tls", True),
+            ]
+            code, out, err = _list_connections(running)
+            assert code == 0, err
+            assert sorted(line.split()[3] for line in out.splitlines()[1:]) == [
+                "stomp-tcp",
+                "stomp-tls",
+            ]
+    finally:
+        running.stop()
+
+
+def _list_connections(managed: Managed) -> tuple[int, str, list[str]]:
+    result = sluice("admin", "--url", managed.http.base, "list", "connections")
+    return result.returncode, result.stdout.decode(), stderr_lines(result)

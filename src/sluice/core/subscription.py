@@ -230,6 +230,11 @@ class Subscription:
             messages_in_flight=in_flight,
             bytes_in_flight=self.inflight_bytes,
             credit=None if self.auto else max(0, self.prefetch - in_flight),
+            credit_bytes=(
+                max(0, self.prefetch_bytes - self.inflight_bytes)
+                if self.prefetch_bytes and not self.auto
+                else None
+            ),
             writable=self.link.writable,
         )
 

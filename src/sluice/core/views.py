@@ -1,7 +1,8 @@
 """What an operator may see of the running broker, as values: a destination
 (`DestinationView`), a durable subscription (`DurableView`), a consumer (`ConsumerView`), a client
-connection (`ConnectionView`), a stream in progress (`StreamView`) and the broker's message totals
-(`Totals`); and the counters each destination keeps of its traffic (`Traffic`).
+connection (`ConnectionView`, with what it speaks: `ConnectionProtocol`), a stream in progress
+(`StreamView`) and the broker's message totals (`Totals`); and the counters each destination
+keeps of its traffic (`Traffic`).
 
 The core builds the views when asked (`Broker.destination_views`, `Broker.totals`, ...); the
 management API and the metrics read them and never reach into the objects behind them. A
@@ -139,13 +140,24 @@ class ConsumerView:
     messages_in_flight: int
     bytes_in_flight: int
     credit: int | None
+    # Bytes it may still be given (`prefetch_bytes` less in flight); None when it has no byte
+    # credit or acknowledges automatically.
+    credit_bytes: int | None
     writable: bool
+
+
+class ConnectionProtocol(enum.Enum):
+    """What a client connection speaks, over what."""
+
+    STOMP_TCP = "stomp-tcp"
+    STOMP_TLS = "stomp-tls"
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectionView:
-    """A client connection that has logged in. `heartbeat_ms` is (what the broker sends, what
-    it expects from the client), 0 for off."""
+    """A client connection that has logged in. `version` is the STOMP version negotiated,
+    `heartbeat_ms` (what the broker sends, what it expects from the client), 0 for off. Its
+    credit is its consumers' (`ConsumerView`), summed by who shows it."""
 
     id: int
     address: str
@@ -158,6 +170,7 @@ class ConnectionView:
     subscriptions: int
     connected_at_ms: int
     tls: bool
+    protocol: ConnectionProtocol
 
 
 @dataclass(frozen=True, slots=True)

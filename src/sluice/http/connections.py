@@ -6,12 +6,19 @@ percent-encoded).
 Connections concern the whole broker: listing them needs `read`, closing one `admin`, on every
 destination. A consumer is its destination's, a durable subscription its topic's: listing needs
 `read` on it, deleting a durable subscription `admin`.
+
+A connection's credit is the sum of its consumers' (`ConnectionCredit`, from the same views
+`/api/consumers` shows, so the two always agree): the messages and bytes it may still be given
+before it acknowledges some, what it holds unacknowledged, and how many of its subscriptions
+acknowledge automatically (no credit: bounded by the connection's write buffer alone).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -29,12 +36,14 @@ __all__ = ["routes"]
 log = logging.getLogger(__name__)
 
 _CONNECTION_SORT: dict[str, Any] = {
-    "id": lambda v: v.id,
-    "user": lambda v: (v.user, v.id),
-    "address": lambda v: (v.address, v.id),
-    "bytes_in": lambda v: (v.bytes_in, v.id),
-    "bytes_out": lambda v: (v.bytes_out, v.id),
-    "connected_at_ms": lambda v: (v.connected_at_ms, v.id),
+    "id": lambda r: r.view.id,
+    "user": lambda r: (r.view.user, r.view.id),
+    "address": lambda r: (r.view.address, r.view.id),
+    "bytes_in": lambda r: (r.view.bytes_in, r.view.id),
+    "bytes_out": lambda r: (r.view.bytes_out, r.view.id),
+    "connected_at_ms": lambda r: (r.view.connected_at_ms, r.view.id),
+    "credit": lambda r: (r.credit.messages, r.view.id),
+    "messages_in_flight": lambda r: (r.credit.messages_in_flight, r.view.id),
 }
 _CONSUMER_SORT: dict[str, Any] = {
     "destination": lambda v: (v.destination, v.connection_id, v.subscription_id),
@@ -50,10 +59,57 @@ _SUBSCRIPTION_SORT: dict[str, Any] = {
 }
 
 
-def _connection(view: ConnectionView) -> dict[str, Any]:
+@dataclass
+class ConnectionCredit:
+    """A connection's consumers, summed: `messages` and `bytes` of credit left (`bytes` None
+    when none of them has a byte credit), what they hold unacknowledged, and how many
+    acknowledge automatically."""
+
+    messages: int = 0
+    bytes: int | None = None
+    messages_in_flight: int = 0
+    bytes_in_flight: int = 0
+    auto_ack_subscriptions: int = 0
+
+    def add(self, consumer: ConsumerView) -> None:
+        """Count one consumer of the connection."""
+        self.messages_in_flight += consumer.messages_in_flight
+        self.bytes_in_flight += consumer.bytes_in_flight
+        if consumer.credit is None:
+            self.auto_ack_subscriptions += 1
+            return
+        self.messages += consumer.credit
+        if consumer.credit_bytes is not None:
+            self.bytes = (self.bytes or 0) + consumer.credit_bytes
+
+
+def credits_by_connection(consumers: Iterable[ConsumerView]) -> dict[int, ConnectionCredit]:
+    """Each connection's credit, from every consumer of the broker."""
+    credits: dict[int, ConnectionCredit] = {}
+    for consumer in consumers:
+        credits.setdefault(consumer.connection_id, ConnectionCredit()).add(consumer)
+    return credits
+
+
+@dataclass(frozen=True)
+class _Row:
+    view: ConnectionView
+    credit: ConnectionCredit
+
+
+def _connection(row: _Row) -> dict[str, Any]:
+    view, credit = row.view, row.credit
     out = dataclasses.asdict(view)
     send_ms, receive_ms = view.heartbeat_ms
     out["heartbeat_ms"] = {"send": send_ms, "receive": receive_ms}
+    out["protocol"] = view.protocol.value
+    out["messages_in_flight"] = credit.messages_in_flight
+    out["bytes_in_flight"] = credit.bytes_in_flight
+    out["credit"] = {
+        "messages": credit.messages,
+        "bytes": credit.bytes,
+        "auto_ack_subscriptions": credit.auto_ack_subscriptions,
+    }
     return out
 
 
@@ -72,14 +128,18 @@ class ConnectionsApi:
         self.managed = server.managed
 
     async def list_connections(self, request: web.Request) -> web.Response:
-        """Logged-in connections: `user` (exact), `sort`, `order`, `offset`, `limit`."""
+        """Logged-in connections, each with its protocol and its consumers' credit: `user`
+        (exact), `sort`, `order`, `offset`, `limit`."""
         caller_of(request).require_broker(Permission.READ)
         user = request.query.get("user")
-        views = [
-            view for view in self.managed.connection_views() if user is None or view.user == user
+        credits = credits_by_connection(self.managed.broker.consumer_views())
+        rows = [
+            _Row(view, credits.get(view.id) or ConnectionCredit())
+            for view in self.managed.connection_views()
+            if user is None or view.user == user
         ]
         page = page_of(
-            views, request.query, sort_keys=_CONNECTION_SORT, default_sort="id", render=_connection
+            rows, request.query, sort_keys=_CONNECTION_SORT, default_sort="id", render=_connection
         )
         return web.json_response(page)
 

@@ -26,7 +26,7 @@ from sluice.core.connection import BrokerConnection
 from sluice.core.message import Message
 from sluice.core.services import FlowReason
 from sluice.core.subscription import Subscription
-from sluice.core.views import ConnectionView
+from sluice.core.views import ConnectionProtocol, ConnectionView
 from sluice.errors import (
     AccessDeniedError,
     FrameLimitExceeded,
@@ -369,6 +369,7 @@ class StompSession(SessionConnect, asyncio.Protocol):
             subscriptions=len(core.subs) + len(core.wildcard_subs),
             connected_at_ms=self.connected_at_ms,
             tls=tls,
+            protocol=ConnectionProtocol.STOMP_TLS if tls else ConnectionProtocol.STOMP_TCP,
         )
 
     def update_identity(self, identity: Identity) -> None:
