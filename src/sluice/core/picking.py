@@ -149,8 +149,10 @@ class QueuePicking(QueuePaging):
             stores.append((self.temp_store, True))
         for store, spooled in stores:
             page = store.load(self.name, after_seq, max_count, max_bytes)
-            if page and (len(page) >= max_count or sum(m.size for m in page) >= max_bytes):
-                cutoff = min(cutoff, page[-1].seq)  # the store may hold more beyond the page
+            if page:
+                # The store may hold more beyond the page: a page stops short of `max_bytes`
+                # when its next message would not fit, so only an empty page says it is all.
+                cutoff = min(cutoff, page[-1].seq)
             for item in page:
                 if item.seq not in found:
                     found[item.seq] = self._stored_place(item, spooled, retained)
