@@ -73,6 +73,18 @@ class Http:
     def get(self, path: str) -> Reply:
         return self.request("GET", path)
 
+    def get_bytes(self, path: str) -> tuple[int, dict[str, str], bytes]:
+        """A GET whose answer is bytes (a download): status, headers, body."""
+        req = urllib.request.Request(self.base + path)
+        if self.user is not None:
+            token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+            req.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=30, context=self.context) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
     def put(self, path: str) -> Reply:
         return self.request("PUT", path)
 

@@ -3,8 +3,9 @@
 destinations|connections|consumers|subscriptions|streams|files`, `show DEST`, `store`, `purge
 DEST`, `delete DEST`, `close CONNECTION`, `export [FILE]`, `import FILE`; on a queue's messages
 `browse` (a search with `--selector`, `--header`, `--id`), `count`, `move`, `copy`,
-`delete-messages`, `retry` (`--all` or a filter, `--dry-run`), and `send`. A table by
-default, `--json` for scripts. Speaks HTTP with the standard library.
+`delete-messages`, `retry` (`--all` or a filter, `--dry-run`), `send`, and `download` (a
+message's body by `--id`, or a whole stream by `--stream`, to `-o FILE` or standard output). A
+table by default, `--json` for scripts. Speaks HTTP with the standard library (`adminapi`).
 
 With `--user`, the password is read from the terminal, or with `--password-stdin` from the
 first line of standard input (never a command-line argument, where `ps` would show it). An
@@ -18,28 +19,21 @@ from __future__ import annotations
 import argparse
 import base64
 import getpass
-import http.client
 import json
-import ssl
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from sluice.cli.adminapi import AdminApi, AdminError, Downloaded, destination_path
 from sluice.cli.common import Runner, UsageError
 from sluice.cli.exitcodes import ExitCode
-from sluice.client.tls import client_context
 from sluice.config import DEFAULT_HTTP_HOST, DEFAULT_HTTP_PORT
-from sluice.errors import SluiceError, reason_of
 
 __all__ = ["AdminError", "add_parsers"]
 
 DEFAULT_URL = f"http://{DEFAULT_HTTP_HOST}:{DEFAULT_HTTP_PORT}"
-TIMEOUT_S = 60.0
-# Items asked for per page when listing everything.
-_PAGE = 1000
 # A body `send` reads from a file: what fits a request of the API (64 KiB), as base64.
 MAX_SEND_BYTES = 45 * 1024
 
@@ -170,95 +164,6 @@ def _preview(text: str, width: int = 40) -> str:
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
-class AdminError(SluiceError):
-    """The management API refused a request, or could not be reached; the message says why."""
-
-
-class _Api:
-    """Requests to one management server."""
-
-    def __init__(
-        self,
-        url: str,
-        user: str | None,
-        password: str | None,
-        tls: dict[str, str | None] | None = None,
-    ) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise UsageError(f"--url must be http://HOST:PORT or https://HOST:PORT, got {url!r}")
-        self.base = url.rstrip("/")
-        tls = tls or {}
-        self._context: ssl.SSLContext | None = None
-        if parsed.scheme == "https":
-            self._context = client_context(**tls)
-        elif any(value is not None for value in tls.values()):
-            raise UsageError("--ca, --cert and --key are for an https:// URL")
-        self._auth = None
-        if user is not None:
-            token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
-            self._auth = f"Basic {token}"
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        """The JSON answer of a request (with `body` as JSON); raises `AdminError` with the
-        API's message."""
-        data = json.dumps(body).encode() if body is not None else None
-        # The scheme was checked to be http(s) in __init__.
-        request = urllib.request.Request(self.base + path, data=data, method=method)  # noqa: S310
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        if self._auth is not None:
-            request.add_header("Authorization", self._auth)
-        try:
-            with urllib.request.urlopen(  # noqa: S310
-                request, timeout=TIMEOUT_S, context=self._context
-            ) as reply:
-                return json.loads(reply.read())
-        except urllib.error.HTTPError as exc:
-            raise AdminError(_error_text(exc)) from None
-        except urllib.error.URLError as exc:
-            cause = exc.reason
-            reason = reason_of(cause) if isinstance(cause, BaseException) else str(cause)
-            raise AdminError(f"cannot reach {self.base}: {reason}") from None
-        except http.client.RemoteDisconnected:
-            why = " (over TLS: the server may have refused the client certificate)"
-            raise AdminError(
-                f"{self.base} closed the connection without an answer"
-                + (why if self._context is not None else "")
-            ) from None
-        except ssl.SSLError as exc:
-            # TLS 1.3: a server that refuses the client's certificate says so after the
-            # handshake, when the answer is read.
-            raise AdminError(f"TLS with {self.base} failed: {reason_of(exc)}") from None
-        except (OSError, ValueError) as exc:
-            raise AdminError(f"bad answer from {self.base}: {exc}") from None
-
-    def all_items(self, path: str) -> list[dict[str, Any]]:
-        """Every item of a paged list."""
-        items: list[dict[str, Any]] = []
-        while True:
-            page = self.call("GET", f"{path}?offset={len(items)}&limit={_PAGE}")
-            items.extend(page["items"])
-            if not page["items"] or len(items) >= page["total"]:
-                return items
-
-
-def _error_text(exc: urllib.error.HTTPError) -> str:
-    try:
-        error = json.loads(exc.read())["error"]
-        return f"{error['message']} ({error['code']}, HTTP {exc.code})"
-    except (ValueError, KeyError, TypeError, OSError):
-        return f"HTTP {exc.code} {exc.reason}"
-
-
-def _destination_path(name: str) -> str:
-    for kind in ("queue", "topic"):
-        prefix = f"/{kind}/"
-        if name.startswith(prefix) and len(name) > len(prefix):
-            return f"/api/destinations/{kind}/" + urllib.parse.quote(name[len(prefix) :], safe="")
-    raise UsageError(f"a destination is /queue/NAME or /topic/NAME, got {name!r}")
-
-
 def _table(columns: Sequence[Column], items: Sequence[dict[str, Any]]) -> str:
     rows = [[heading for heading, _ in columns]]
     rows += [[str(cell(item)) for _, cell in columns] for item in items]
@@ -358,17 +263,17 @@ def _send_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-def _run_messages(api: _Api, args: argparse.Namespace) -> bool:
+def _run_messages(api: AdminApi, args: argparse.Namespace) -> bool:
     """The commands on messages; False if `args.action` is not one of them."""
     action: str = args.action
     if action == "browse":
-        path = _destination_path(args.destination) + "/messages"
+        path = destination_path(args.destination) + "/messages"
         query = [("after", str(args.after)), ("limit", str(args.limit)), ("preview", "256")]
         query += _search_query(args)
         page = api.call("GET", f"{path}?{urllib.parse.urlencode(query)}")
         _print(args, page, _table(_TABLES["messages"], page["items"]))
     elif action == "count":
-        path = _destination_path(args.destination) + "/messages/count"
+        path = destination_path(args.destination) + "/messages/count"
         search = urllib.parse.urlencode(_search_query(args))
         counted = api.call("GET", f"{path}?{search}" if search else path)
         text = (
@@ -380,13 +285,13 @@ def _run_messages(api: _Api, args: argparse.Namespace) -> bool:
         operation = "delete" if action == "delete-messages" else action
         body = _selection(args)
         if operation in ("move", "copy"):
-            _destination_path(args.target)  # checked like the source
+            destination_path(args.target)  # checked like the source
             body["to"] = args.target
-        path = f"{_destination_path(args.destination)}/messages/{operation}"
+        path = f"{destination_path(args.destination)}/messages/{operation}"
         result = api.call("POST", path, body)
         _print(args, result, _operation_text(result, args.destination))
     elif action == "send":
-        path = _destination_path(args.destination) + "/messages"
+        path = destination_path(args.destination) + "/messages"
         sent = api.call("POST", path, _send_body(args))
         text = (
             f"dropped as a duplicate: {args.destination} saw its x-dedup-id"
@@ -431,9 +336,54 @@ def _import_text(imported: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _download(api: AdminApi, args: argparse.Namespace) -> None:
+    """A message's body or a whole stream, to `-o FILE` (whole or not at all: written beside
+    it, renamed once complete and checked) or to standard output."""
+    base = destination_path(args.destination)
+    if args.id is not None:
+        path = f"{base}/messages/{urllib.parse.quote(args.id, safe='')}/body"
+        what = f"message {args.id}"
+    else:
+        path = f"{base}/streams/{urllib.parse.quote(args.stream, safe='')}/body"
+        what = f"stream {args.stream}"
+    if args.output in (None, "-"):
+        sys.stdout.flush()
+        _checked(api.download(path, sys.stdout.buffer), what)
+        sys.stdout.buffer.flush()
+        return
+    target = Path(args.output)
+    partial = target.with_name(f".{target.name}.part")
+    try:
+        with partial.open("wb") as sink:
+            got = _checked(api.download(path, sink), what)
+        partial.replace(target)
+    except OSError as exc:
+        raise AdminError(f"cannot write {target}: {exc.strerror or exc}") from None
+    finally:
+        partial.unlink(missing_ok=True)
+    done = {
+        "destination": args.destination,
+        "message_id": args.id,
+        "stream_id": args.stream,
+        "file": str(target),
+        "bytes": got.length,
+        "sha256": got.sha256,
+    }
+    text = f"wrote {what} of {args.destination} to {target} ({got.length} bytes"
+    _print(args, done, text + (", SHA-256 checked)" if args.stream else ")"))
+
+
+def _checked(got: Downloaded, what: str) -> Downloaded:
+    """A stream's bytes against the SHA-256 its end chunk gives."""
+    expected = got.headers.get("X-Stream-Sha256")
+    if expected is not None and expected.lower() != got.sha256:
+        raise AdminError(f"{what}: its SHA-256 is {got.sha256}, its end chunk says {expected}")
+    return got
+
+
 def _run_admin(args: argparse.Namespace) -> int:
     tls = {"ca": args.ca, "cert": args.cert, "key": args.key}
-    api = _Api(args.url, args.user, _password(args), tls)
+    api = AdminApi(args.url, args.user, _password(args), tls)
     action: str = args.action
     if _run_messages(api, args):
         return ExitCode.OK
@@ -459,14 +409,16 @@ def _run_admin(args: argparse.Namespace) -> int:
         shown = api.call("GET", "/api/store")
         _print(args, shown, "\n".join(f"{key}: {value}" for key, value in shown.items()))
     elif action == "show":
-        shown = api.call("GET", _destination_path(args.destination))
+        shown = api.call("GET", destination_path(args.destination))
         _print(args, shown, "\n".join(f"{key}: {value}" for key, value in shown.items()))
     elif action == "purge":
-        purged = api.call("DELETE", _destination_path(args.destination) + "/messages")
+        purged = api.call("DELETE", destination_path(args.destination) + "/messages")
         _print(args, purged, f"purged {purged['purged']} messages from {args.destination}")
     elif action == "delete":
-        deleted = api.call("DELETE", _destination_path(args.destination))
+        deleted = api.call("DELETE", destination_path(args.destination))
         _print(args, deleted, f"deleted {deleted['deleted']} ({deleted['messages']} messages)")
+    elif action == "download":
+        _download(api, args)
     elif action == "close":
         closed = api.call("DELETE", f"/api/connections/{args.connection}")
         _print(args, closed, f"closed connection {closed['closed']}")
@@ -586,6 +538,18 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
     browse.add_argument("--limit", type=_count, default=20, help="messages (1-100, default 20)")
     browse.add_argument("--after", type=_count, default=0, help="after this sequence number")
     _add_filter(browse)
+    download = actions.add_parser(
+        "download", help="a message's whole body, or a whole stream, without consuming them"
+    )
+    download.add_argument("destination", help="/queue/NAME")
+    chosen = download.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--id", metavar="MESSAGE-ID", help="the message (see browse)")
+    chosen.add_argument(
+        "--stream", metavar="STREAM-ID", help="the stream (x-stream-id; see list streams)"
+    )
+    download.add_argument(
+        "-o", "--output", metavar="FILE", help="write it here (default: standard output)"
+    )
     count = actions.add_parser("count", help="count a queue's messages (that a filter matches)")
     count.add_argument("destination", help="/queue/NAME")
     _add_filter(count)

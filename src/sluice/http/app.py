@@ -1,7 +1,7 @@
 """The management server: an aiohttp application on the broker's event loop, its routes, the
 checks every request goes through (`_guard`: who calls, and errors as JSON), and the health
-checks. The API's handlers are in `api.py`, `messages.py`, `connections.py`, `store.py` and
-`definitions.py`, the metrics in `metrics.py`.
+checks. The API's handlers are in `api.py`, `messages.py`, `downloads.py`, `connections.py`,
+`store.py` and `definitions.py`, the metrics in `metrics.py`.
 
 No thread per request: handlers run on the loop and only ask the core for values; a password
 hash runs on the broker's login threads (`gate.py`).
@@ -28,7 +28,7 @@ from sluice import __version__
 from sluice.auth.handshake import TlsListener
 from sluice.auth.tls import server_context
 from sluice.errors import SluiceError
-from sluice.http import api, connections, definitions, messages, metrics, store
+from sluice.http import api, connections, definitions, downloads, messages, metrics, store
 from sluice.http.context import Managed
 from sluice.http.errors import ApiError, ErrorCode, error_response
 from sluice.http.gate import CALLER, authenticate
@@ -90,6 +90,7 @@ class ManagementServer:
         app.router.add_get("/api/openapi.json", self._openapi, allow_head=False)
         app.router.add_routes(api.routes(self))
         app.router.add_routes(messages.routes(self))
+        app.router.add_routes(downloads.routes(self))
         app.router.add_routes(store.routes(self))
         app.router.add_routes(definitions.routes(self))
         app.router.add_routes(connections.routes(self))
