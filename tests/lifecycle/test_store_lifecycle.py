@@ -368,6 +368,22 @@ _ABORT_SYNC = (
 
 FIXED_FAILING_CASES = [
     (
+        12233716,
+        [
+            "disk-full#1 n=5",
+            "stream#5 d=1 n=5 size=8248",
+            "stream#9 d=2 n=4 size=5816",
+            "send#26 d=2 n=1 size=76651 pick=0.45",
+            "send-ack#29 d=3 n=4 size=239 pick=0.828 opt=4",
+            "compact#30",
+            "rebuild#41",
+        ],
+        "dest-info",
+        "rebuild-index took over the sequences the old index held alone only for destinations "
+        "the journal had: a topic whose every add was cancelled or refused on the full disk "
+        "vanished, and its sequences could be handed out again",
+    ),
+    (
         430,
         [
             "tx-send#4 d=3 n=24 size=8440 slot=1 opt=2",
