@@ -8,8 +8,9 @@ event loop, as before; only where there is more than one producer); `stomppy`,
 producer process each); and, only when named, `stomppy-no-consumer` (the same without a
 consumer). All of them send SIZE-byte `persistent:true` messages, each SEND with a receipt and
 the next only after it; each has one consumer acknowledging cumulatively every 500 messages
-(prefetch 1000); each warms up with 50 messages per producer; each reports sends per second from
-the first measured send to the last receipt, and the send-to-receipt latency.
+(prefetch 1000; `--consumer-ack` for another mode); each warms up with 50 messages per
+producer; each reports sends per second from the first measured send to the last receipt, and
+the send-to-receipt latency.
 
 For each run, each scenario (producer count, or a fixed rate), each broker (in an order that
 rotates) and each generator (in an order that rotates), the broker is started fresh on an empty
@@ -63,12 +64,14 @@ def _command(
         command = [sys.executable, str(HERE / "stomppy_load.py")]
         command += ["--producers", str(producers), "--consumers", consumers, "--count", str(count)]
         command += ["--warmup", "50", "--size", str(args.size)]
+        command += ["--consumer-ack", args.consumer_ack]
         if args.rate:
             command += ["--rate", f"{args.rate:g}"]
         return command + broker.bench_args()
     command = [str(Path(sys.executable).parent / "sluice"), "bench", "sync"]
     command += ["--producers", str(producers), "--consumers", "1", "--persistent"]
     command += ["--size", str(args.size), "--count", str(count), "--warmup", str(warmup)]
+    command += ["--ack", args.consumer_ack]
     if args.rate:
         command += ["--rate", f"{args.rate:g}"]
     if generator == "bench-shared":
@@ -226,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--count", type=int, default=2500, help="measured sends per producer")
     parser.add_argument("--rate", type=float, default=0.0, help="msg/s in all (latency runs)")
+    parser.add_argument(
+        "--consumer-ack",
+        choices=("auto", "client", "client-individual"),
+        default="client",
+        help="the consumer's ack mode (client: cumulatively every 500 messages)",
+    )
     parser.add_argument("--timeout", type=float, default=400.0)
     parser.add_argument("--out", type=Path, default=Path("sync-crosscheck.json"))
     args = parser.parse_args(argv)

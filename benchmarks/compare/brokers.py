@@ -96,7 +96,19 @@ class SluiceBroker(Broker):
     name = "sluice"
     label = "Sluice"
 
-    def __init__(self, executable: Path, python: Path) -> None:
+    def __init__(
+        self,
+        executable: Path,
+        python: Path,
+        *,
+        name: str = "sluice",
+        label: str = "Sluice",
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.label = label
+        # Settings as `SLUICE_SECTION__KEY` environment overrides, e.g. a variant's store policy.
+        self.settings = settings or {}
         self.executable = executable
         self.python = python
         self.proc: subprocess.Popen[bytes] | None = None
@@ -128,6 +140,7 @@ class SluiceBroker(Broker):
                 stdout=subprocess.DEVNULL,
                 stderr=sink,
                 start_new_session=True,
+                env={**os.environ, **self.settings},
             )
         deadline = started + _SLUICE_START_S
         while time.monotonic() < deadline:
@@ -301,6 +314,14 @@ def make_brokers(names: list[str], repo: Path) -> list[Broker]:
     guest = ["--login", "guest", "--passcode", "guest"]
     table: dict[str, Broker] = {
         "sluice": SluiceBroker(bin_dir / "sluice", Path(sys.executable)),
+        # The same with every acknowledgement synced on its own (`[store] sync_acks = true`).
+        "sluice-sync-acks": SluiceBroker(
+            bin_dir / "sluice",
+            Path(sys.executable),
+            name="sluice-sync-acks",
+            label="Sluice (sync_acks)",
+            settings={"SLUICE_STORE__SYNC_ACKS": "true"},
+        ),
         "activemq": PeerBroker("activemq", "ActiveMQ", peers / "activemq.sh", guest),
         # RabbitMQ reads the CONNECT host header as the virtual host; "/" exists on every node.
         "rabbitmq": PeerBroker(

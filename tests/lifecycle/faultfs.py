@@ -151,6 +151,8 @@ class FaultFS:
         self.capacity_bytes: int | None = None
         self.stats = FaultStats()
         self._crashed = False
+        # Whether the last crash was a power cut (its image lost the unsynced bytes).
+        self.power_lost = False
         self.dead = False
         # What the journal modules see as `os` while the layer is installed.
         self.proxy = OsProxy(self)
@@ -286,6 +288,7 @@ class FaultFS:
             self.image.mkdir(parents=True)
         if power:
             self._lose_unsynced()
+        self.power_lost = power
         self.stats.crashes += 1
         self._crashed = True
         self.dead = True

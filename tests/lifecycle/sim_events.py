@@ -140,13 +140,14 @@ class LifeConfig:
     sync: SyncPolicy
     verify_journal: JournalVerify
     dedup_window: int
+    sync_acks: bool = False
 
     def __str__(self) -> str:
         return (
             f"files {self.file_bytes // KiB} KiB, index batch {self.index_write_batch}, "
             f"compaction {self.compaction_live_ratio}, archive {self.archive}, "
             f"sync {self.sync.value}, verify {self.verify_journal.value}, "
-            f"dedup window {self.dedup_window}"
+            f"dedup window {self.dedup_window}, sync acks {self.sync_acks}"
         )
 
 
@@ -172,6 +173,8 @@ def generate(seed: int, *, min_events: int = 30, max_events: int = 90) -> Life:
             JournalVerify.AFTER_CHECKPOINT if rng.random() < 0.3 else JournalVerify.FULL
         ),
         dedup_window=rng.choice((1, 3, 8)),
+        # From a generator of its own: the lives of seeds drawn before it stay the same.
+        sync_acks=random.Random(f"sync-acks-{seed}").random() < 0.25,
     )
     count = rng.randint(min_events, max_events)
     events = tuple(_event(rng, uid, config) for uid in range(count))

@@ -141,6 +141,8 @@ class Op:
     writes: bool = True
     # A plain add or remove: the journal may refuse it (no room, nothing written) and go on.
     refusable: bool = False
+    # A remove nobody waits for: written, yet on disk only once a later sync covers it.
+    lazy: bool = False
 
 
 @dataclass

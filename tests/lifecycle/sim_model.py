@@ -162,6 +162,9 @@ class Model:
         self.dests: dict[str, DestModel] = {name: DestModel() for name in ALL_DESTS}
         self.subs: dict[tuple[str, str], SubModel] = {}
         self.txs: dict[int, TxModel] = {}  # by slot
+        # Removes written lazily (no sync of their own) that no sync has covered yet: a power
+        # cut may undo them.
+        self.unsynced: list[tuple[str, int, Expect]] = []
         self._groups = itertools.count(1)
 
     # -- choosing what to act on -----------------------------------------------------------------
@@ -209,16 +212,32 @@ class Model:
             if dedup_id:
                 dm.dedup.append((dedup_id, False))
 
-    def remove(self, dest: str, seq: int, state: Outcome) -> None:
-        """A non-transacted remove finished."""
+    def remove(self, dest: str, seq: int, state: Outcome, *, lazy: bool = False) -> None:
+        """A non-transacted remove finished (`lazy`: written without a sync of its own)."""
         dm = self.dests[dest]
         if state in (Outcome.WRITTEN, Outcome.CANCELLED):
-            if dm.msgs.pop(seq, None) is not None:
+            expect = dm.msgs.pop(seq, None)
+            if expect is not None:
                 dm.gone[seq] = "acknowledged"
+                if lazy and state is Outcome.WRITTEN:
+                    self.unsynced.append((dest, seq, expect))
         elif state is Outcome.REFUSED:
             return
         elif seq in dm.msgs:
             dm.msgs[seq] = replace(dm.msgs[seq], sure=False, group=0)
+
+    def synced(self) -> None:
+        """A sync covered every record written so far: lazy removes are on disk."""
+        self.unsynced.clear()
+
+    def lose_unsynced(self) -> None:
+        """A power cut: a lazy remove no sync covered may be undone, its message back."""
+        for dest, seq, expect in self.unsynced:
+            dm = self.dests[dest]
+            if seq not in dm.msgs:
+                dm.msgs[seq] = replace(expect, sure=False, group=0)
+                dm.gone.pop(seq, None)
+        self.unsynced.clear()
 
     def _doubt_group(self, dest: str, seqs: Iterable[int]) -> None:
         """One record in doubt removes these: the ones surely there go or stay together; one

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from sluice.config import MiB, StoreConfig
+from sluice.config import MiB, StoreConfig, SyncPolicy
 from sluice.errors import DiskFullError, StoreError, StoreIOError
 from sluice.store.api import (
     Recovery,
@@ -97,6 +97,10 @@ class Runner:
         self.events = events
         self.root = workdir / "data"
         self.journal = kind is StoreKind.JOURNAL
+        # Removes nobody waits for and cursor moves are written without a sync of their own.
+        self.lazy_acks = (
+            self.journal and life.config.sync is SyncPolicy.ALWAYS and not life.config.sync_acks
+        )
         self.fs = FaultFS(self.root, workdir / "image")
         self.model = Model(life.config.dedup_window, trim_windows=Known.LONG_DEDUP_WINDOW in known)
         self.sink = Sink(hold=self.journal)
@@ -297,11 +301,24 @@ class Runner:
         self.check_handles(ops, failed_before)
         outcomes = [self.outcome(op) for op in ops]
         self.event_outcomes += zip(ops, outcomes, strict=True)
+        synced = False
         for op, outcome in zip(ops, outcomes, strict=True):
             op.effect(outcome)
+            if outcome is Outcome.WRITTEN and op.writes and not op.lazy:
+                # Its batch was synced after every record before it was written.
+                self.model.synced()
+                synced = True
         # A refused batch puts its cursor moves back for a later one: nothing to settle then.
+        # Lazy cursor moves (written with the step's first batch) are on disk once a batch of
+        # the step was synced.
         refused = store.stats().no_space_errors > refused_before
-        if settle and not refused and not self.failed() and not self.fs.crashed():
+        if (
+            settle
+            and (synced or not self.lazy_acks)
+            and not refused
+            and not self.failed()
+            and not self.fs.crashed()
+        ):
             self.model.settle()
         if self.tracing and len(ops) > 1:
             self.note("    " + " ".join(o.name for o in outcomes[:-1]))
@@ -414,6 +431,10 @@ class Runner:
             data_dir=self.root,
             journal_file_bytes=c.file_bytes,
             sync=c.sync,
+            # Lazy removes are synced by a later batch, a checkpoint, a rollover or the close;
+            # the timer that would sync them is out of play, as the others are.
+            sync_interval_ms=3_600_000,
+            sync_acks=c.sync_acks,
             checkpoint_interval_s=3600.0,
             index_write_batch=c.index_write_batch,
             archive=c.archive,
@@ -428,7 +449,9 @@ class Runner:
         """Open (recovering), hold the writer, and check what is stored against the model."""
         store: MemoryStore | JournalStore
         if self.journal:
+            # What earlier runs wrote counts as on disk from now on.
             self.fs.forget_unsynced()
+            self.model.synced()
             store = JournalStore(
                 self.config(repair=repair), dedup_window=self.life.config.dedup_window
             )
@@ -528,6 +551,8 @@ class Runner:
                 release_store(store)
         shutil.rmtree(self.root, ignore_errors=True)
         os.rename(self.fs.image, self.root)
+        if self.fs.power_lost:
+            self.model.lose_unsynced()
         self.crash_next = False
         self.fault_span = 0
         self.model.drop_txs()

@@ -88,8 +88,9 @@ class LifePlayer(Runner):
     def remove(self, ops: list[Op], dest: str, seq: int) -> None:
         """A non-transacted remove in a step."""
         self.touched.add(dest)
-        effect = partial(self.model.remove, dest, seq)
-        ops.append(Op(self.s.remove(dest, seq), effect, refusable=True))
+        lazy = self.lazy_acks
+        effect = partial(self.model.remove, dest, seq, lazy=lazy)
+        ops.append(Op(self.s.remove(dest, seq), effect, refusable=True, lazy=lazy))
 
     def pick(self, dest: str, ev: Event, count: int = 1) -> list[int]:
         """`count` surely stored messages of `dest`, chosen by the event's fraction."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.config import KiB, StoreConfig
+from sluice.config import KiB, StoreConfig, SyncPolicy
 from sluice.store.api import StoredMessage
 from sluice.store.journal import files, tools
 from sluice.store.journal.store import JournalStore
@@ -33,6 +33,7 @@ from sluice.store.memory import MemoryStore
 
 from .sim_events import Event, Kind, generate
 from .sim_harness import Known, StoreKind
+from .sim_model import Model
 from .store_sim import run_life, shrink, simulate
 
 # Journal seeds among 1-800 that fail on a store bug not fixed yet (none now).
@@ -161,6 +162,33 @@ def test_a_lying_sync_loses_receipted_messages_at_power_loss(
     result = run_life(StoreKind.JOURNAL, life, events)
     assert result.failure is not None
     assert result.failure.check == "lost"
+
+
+def test_a_power_cut_may_undo_an_ack_nobody_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ack written without a sync of its own (`sync_acks = false`) is undone by a power cut
+    before a later sync: its message comes back, which the model allows (redelivered, never
+    lost); a model that took such acks as synced finds the message resurrected."""
+    life = next(
+        life
+        for life in map(generate, range(1, 200))
+        if life.config.sync is SyncPolicy.ALWAYS
+        and not life.config.sync_acks
+        and life.config.index_write_batch == 1000
+    )
+    events = [
+        Event.parse(e)
+        for e in [
+            "send#0 n=2 size=100",
+            "ack#1 n=1",
+            "crash#2 opt=2 after=1",
+            "send#3 n=1 size=5",
+        ]
+    ]
+    assert run_life(StoreKind.JOURNAL, life, events).failure is None
+    monkeypatch.setattr(Model, "lose_unsynced", Model.synced)
+    result = run_life(StoreKind.JOURNAL, life, events)
+    assert result.failure is not None
+    assert result.failure.check == "resurrected"
 
 
 def test_a_store_that_retries_a_failed_sync_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -339,6 +367,22 @@ _ABORT_SYNC = (
 )
 
 FIXED_FAILING_CASES = [
+    (
+        12233716,
+        [
+            "disk-full#1 n=5",
+            "stream#5 d=1 n=5 size=8248",
+            "stream#9 d=2 n=4 size=5816",
+            "send#26 d=2 n=1 size=76651 pick=0.45",
+            "send-ack#29 d=3 n=4 size=239 pick=0.828 opt=4",
+            "compact#30",
+            "rebuild#41",
+        ],
+        "dest-info",
+        "rebuild-index took over the sequences the old index held alone only for destinations "
+        "the journal had: a topic whose every add was cancelled or refused on the full disk "
+        "vanished, and its sequences could be handed out again",
+    ),
     (
         430,
         [

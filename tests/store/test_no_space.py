@@ -352,3 +352,25 @@ def test_a_rebuild_keeps_a_sequence_the_index_held_alone(
     recovery = h.open()
     assert [(d.name, d.last_seq) for d in recovery.destinations] == [(Q, 2)]
     assert seqs(journal(h), Q) == [1]
+
+
+def test_a_rebuild_keeps_a_destination_known_only_by_its_held_sequence(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the store simulation (seed 12233716): a destination whose every add was
+    cancelled while the disk was full has no record in the journal, only the sequence the index
+    holds. The rebuild kept held sequences only for destinations the journal had, so this one
+    vanished and its sequences would have been handed out again."""
+    h, s = _cancelled_on_a_full_disk(make_journal, monkeypatch)
+    other = "/topic/only-cancelled"
+    with s.writes_paused():
+        add = h.track(s.add(msg(other, 1), None))
+        h.track(s.remove(other, 1))
+    h.settle()
+    assert add.state is WriteState.CANCELLED
+    h.s.close()
+    h.store = None
+    config = s.config
+    rebuild_index(config.data_dir, config)
+    recovery = h.open()
+    assert sorted((d.name, d.last_seq) for d in recovery.destinations) == [(Q, 2), (other, 1)]

@@ -184,6 +184,12 @@ class StoreConfig:
     journal_file_bytes: int = 32 * MiB
     sync: SyncPolicy = SyncPolicy.ALWAYS
     sync_interval_ms: int = 1000
+    # With `sync = "always"`, removes nobody waits for (an ACK without a receipt, auto-ack, a
+    # dead letter's original) and durable cursor moves are written at once but synced by the
+    # next sync: a later synced batch, a rollover, a checkpoint, the close, or at the latest
+    # `sync_interval_ms` after. After a power loss such a message may be delivered again, never
+    # lost. True syncs every remove as it is written.
+    sync_acks: bool = False
     checkpoint_interval_s: float = 5.0
     index_write_batch: int = 1000
     archive: bool = False
@@ -360,6 +366,10 @@ class Config:
         store = self.store
         if store.journal_file_bytes < 1 * MiB:
             raise ConfigError("store.journal_file_bytes must be at least 1 MiB")
+        if store.sync_interval_ms <= 0:
+            raise ConfigError(
+                f"store.sync_interval_ms must be positive (got {store.sync_interval_ms})"
+            )
         for name in ("max_bytes", "reserve_bytes"):
             if getattr(store, name) < 0:
                 raise ConfigError(f"store.{name} must not be negative (got {getattr(store, name)})")

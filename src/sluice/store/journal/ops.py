@@ -13,6 +13,7 @@ class Op:
     __slots__ = (
         "cleanup",
         "handle",
+        "lazy",
         "location",
         "nbytes",
         "parts",
@@ -39,6 +40,10 @@ class Op:
         # A remove's: the overlay entry it hid (an add the index has not committed yet), put
         # back if the remove is never written.
         self.replaced: Op | None = None
+        # Nobody waits for this record to be durable (an acknowledgement without a receipt, a
+        # cursor move): a batch of lazy ops alone is written but not synced; the next sync
+        # covers it (see `writer.py`).
+        self.lazy = False
 
     def take_cleanup(self) -> Cleanup | None:
         """The overlay cleanup, which the op then lets go of. An add's cleanup names the op

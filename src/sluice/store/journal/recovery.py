@@ -88,6 +88,9 @@ class Recovered:
     # The newest FILES_RETIRED record replayed; changed when repair accepts missing files.
     retired: fmt.FilesRetired = field(default_factory=lambda: fmt.FilesRetired(()))
     retired_changed: bool = False
+    # Destinations a replayed DEST_DELETE dropped (a rebuild: sequences the old index held for
+    # them are stale).
+    deleted: set[str] = field(default_factory=set)
 
 
 class _IndexAhead(Exception):
@@ -367,9 +370,15 @@ def _replay_all(
     recovered = Recovered(state, store_id, report, rebuilt=True, dry_run=dry_run)
     _Replay(config, recovered, (files[0], 0), {}).run(files, 0)
     _check_gaps(config, recovered, files)
-    # Sequences cancelled adds used while the disk was full: handed out, never written. Only
-    # for destinations the journal still has (a delete the old index missed forgets them).
-    state.hold_seqs(fmt.DestSeq(name, seq) for name, seq in held.items() if name in state.dests)
+    # Sequences cancelled adds used while the disk was full: handed out, never written, and
+    # perhaps the only trace of their destination (all its adds cancelled or refused, or in
+    # files collected since). Kept unless the journal deleted the destination and has nothing
+    # of it since (a delete the old index missed forgets them).
+    state.hold_seqs(
+        fmt.DestSeq(name, seq)
+        for name, seq in held.items()
+        if name in state.dests or name not in recovered.deleted
+    )
     _finish(config, recovered)
     return recovered
 
@@ -509,6 +518,8 @@ class _Replay:
             return False
         if isinstance(record, fmt.FilesRetired):
             recovered.retired = record
+        elif isinstance(record, fmt.DestDelete) and recovered.rebuilt:
+            recovered.deleted.add(record.destination)
         forget_lost(recovered.lost_adds, record)
         self.state.apply(item.rtype, record, file_no, item.offset, item.length)
         recovered.replayed_records += 1

@@ -110,6 +110,8 @@ class JournalStore:
         self._reader = FileReader(self.journal_dir)
         self._timed = time_writes
         self._new_handle: type[WriteHandle] = TimedWriteHandle if time_writes else WriteHandle
+        # Removes without a completion callback are synced by the next sync (`Op.lazy`).
+        self._lazy_removes = not config.sync_acks
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -258,6 +260,7 @@ class JournalStore:
             tx.removes.append((destination, seq))
             return handle
         op = Op.of(fmt.Remove(0, destination, seq), handle)
+        op.lazy = on_complete is None and self._lazy_removes
         removed = Removed()
         op.cleanup = [(destination, seq, removed)]
         with self._lock:
@@ -577,13 +580,15 @@ class JournalStore:
         return dataclasses.replace(view, kind=kind)
 
     def gc(self) -> GcResult:
-        """Collect and compact now, on the writer thread; blocks (tools and tests, not the loop)."""
+        """Collect and compact on the writer thread once every write queued before is written;
+        blocks (tools and tests, not the loop)."""
         result = self._w.request(RequestKind.GC)
         assert result is not None
         return result
 
     def checkpoint(self) -> None:
-        """Commit the index now, on the writer thread; blocks (tools and tests, not the loop)."""
+        """Commit the index on the writer thread once every write queued before is written;
+        blocks (tools and tests, not the loop)."""
         self._w.request(RequestKind.CHECKPOINT)
 
     @contextlib.contextmanager

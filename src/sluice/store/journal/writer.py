@@ -74,6 +74,8 @@ class RequestKind(enum.Enum):
 class _Request:
     kind: RequestKind
     done: threading.Event
+    # Served once the writer has taken this many ops: every op queued before the request.
+    after_ops: int = 0
     result: GcResult | None = None
     error: BaseException | None = None
 
@@ -130,6 +132,9 @@ class Writer:
             fail=self._set_failed,
         )
         self._requests: list[_Request] = []
+        # Ops ever queued and ever taken into a batch (a request waits for those before it).
+        self._submitted_ops = 0
+        self._taken_ops = 0
         self._paused = False
         self._parked = False
         self._closing = False
@@ -153,6 +158,7 @@ class Writer:
     def submit(self, op: Op) -> None:
         """Queue an op. The caller holds `lock`."""
         self.queue.append(op)
+        self._submitted_ops += 1
         self.stats.pending_writes += 1
         self.stats.pending_write_bytes += op.nbytes
         self.cond.notify()
@@ -163,6 +169,7 @@ class Writer:
         within `timeout_s`."""
         req = _Request(kind, threading.Event())
         with self.cond:
+            req.after_ops = self._submitted_ops
             if self._closing or self._ended or not self._thread.is_alive():
                 raise StoreError("the journal writer is not running")
             if self.failed is not None:
@@ -254,7 +261,7 @@ class Writer:
                 taken_ns = time.perf_counter_ns() if self.timed else 0
                 batch = self._take()
                 cursors, self.cursors = self.cursors, {}
-                requests, self._requests = self._requests, []
+                requests = self._due_requests()
                 finishing = self._closing and not self.queue
             if batch or cursors:
                 self._process(batch, cursors, taken_ns)
@@ -278,26 +285,38 @@ class Writer:
             handle = op.handle
             if handle is not None and handle.state is WriteState.PENDING and op.rtype:
                 handle.state = WriteState.TAKEN
+        self._taken_ops += len(batch)
         self.stats.pending_writes -= len(batch)
         self.stats.pending_write_bytes -= nbytes
         return batch
 
+    def _due_requests(self) -> list[_Request]:
+        """Take the requests whose earlier ops are all in a batch by now (the lock held): a
+        checkpoint or collection covers every write queued before it was asked for."""
+        requests = self._requests
+        if not requests or requests[-1].after_ops <= self._taken_ops:
+            self._requests = []
+            return requests
+        due = [req for req in requests if req.after_ops <= self._taken_ops]
+        self._requests = [req for req in requests if req.after_ops > self._taken_ops]
+        return due
+
+    def _sync_due(self) -> float:
+        """When the head is next synced by time: `sync_interval_ms` after the last sync when it
+        holds unsynced records (under PERIODIC, or lazy ones under ALWAYS); never otherwise."""
+        if not self.head.unsynced or not self.durable or self.config.sync is SyncPolicy.NEVER:
+            return float("inf")
+        return self._appender.last_sync_s + self.config.sync_interval_ms / 1000
+
     def _next_due(self) -> float:
         due = self._maintenance.next_due(cursors_waiting=bool(self.cursors))
-        if self.head.unsynced and self.config.sync is SyncPolicy.PERIODIC:
-            due = min(due, self._appender.last_sync_s + self.config.sync_interval_ms / 1000)
-        return due
+        return min(due, self._sync_due())
 
     def _timers(self) -> None:
         if self.failed is not None:
             return
         now = time.monotonic()
-        cfg = self.config
-        if (
-            self.head.unsynced
-            and cfg.sync is SyncPolicy.PERIODIC
-            and now - self._appender.last_sync_s >= cfg.sync_interval_ms / 1000
-        ):
+        if now >= self._sync_due():
             self._appender.sync()
         self._maintenance.run_due(now)
 
@@ -328,8 +347,11 @@ class Writer:
                 handles.append(handle)
             if op.rtype and (handle is None or handle.state is WriteState.TAKEN):
                 ops.append(op)
+        lazy_cursors = not self.config.sync_acks
         for (client_id, name), seq in cursors.items():
-            ops.append(Op.of(fmt.SubCursor(client_id, name, seq)))
+            cursor = Op.of(fmt.SubCursor(client_id, name, seq))
+            cursor.lazy = lazy_cursors
+            ops.append(cursor)
         self._note_cancelled(batch)
         if self.failed is not None:
             self._fail_ops(ops, handles, self.failed)
@@ -339,7 +361,12 @@ class Writer:
             self._appender.write(ops, times)
             if times is not None:
                 times.written_ns = times.synced_ns = time.perf_counter_ns()
-            if self.config.sync is SyncPolicy.ALWAYS and self.durable:
+            if (
+                self.config.sync is SyncPolicy.ALWAYS
+                and self.durable
+                and not all(op.lazy for op in ops)
+            ):
+                # One sync for the batch, and for lazy records written before it.
                 self._appender.sync()
                 if times is not None:
                     times.synced_ns = time.perf_counter_ns()
