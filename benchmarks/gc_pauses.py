@@ -401,6 +401,12 @@ class _Broker:
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS")
 
+    def cpu_s(self) -> float:
+        """CPU seconds the broker has used, its threads together."""
+        # The fields after the command name, which is in parentheses: utime and stime.
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> dict[str, Any]:
         """SIGTERM, wait, and return what the probes recorded."""
         if self.proc.poll() is None:
@@ -466,21 +472,23 @@ def _print_phase(name: str, phase: dict[str, Any]) -> None:
 
 
 async def _measure(args: argparse.Namespace, broker: _Broker) -> dict[str, Any]:
-    result: dict[str, Any] = {"marks": {}}
-    marks = result["marks"]
-    marks["start"] = time.monotonic()
+    result: dict[str, Any] = {"marks": {}, "broker_cpu_s": {}}
+    marks, cpu = result["marks"], result["broker_cpu_s"]
+    marks["start"], cpu["start"] = time.monotonic(), broker.cpu_s()
     await _fill(broker.port, args.backlog, args.size)
-    marks["backlog"] = time.monotonic()
+    marks["backlog"], cpu["backlog"] = time.monotonic(), broker.cpu_s()
     result["rss_backlog_bytes"] = broker.rss_bytes()
     # The load's own process keeps out of its own way: what it built so far is not garbage.
     gc.collect()
     gc.freeze()
+    # The steady phase starts here: what happens between two phases counts in the next one.
+    marks["backlog"], cpu["backlog"] = time.monotonic(), broker.cpu_s()
     result["steady"] = await _steady(broker.port, args.rate, args.seconds, args.size)
-    marks["steady"] = time.monotonic()
+    marks["steady"], cpu["steady"] = time.monotonic(), broker.cpu_s()
     result["rss_steady_bytes"] = broker.rss_bytes()
     if args.churn:
         result["churn"] = await _churn(broker.port, args.churn, args.size, broker.rss_bytes)
-    marks["churn"] = time.monotonic()
+    marks["churn"], cpu["churn"] = time.monotonic(), broker.cpu_s()
     return result
 
 
@@ -518,6 +526,13 @@ def _report(args: argparse.Namespace, result: dict[str, Any]) -> None:
         f"p50 {receipt['p50_ms']:.2f} p99 {receipt['p99_ms']:.2f} max {receipt['max_ms']:.1f} ms; "
         f"delivered p50 {delivered['p50_ms']:.2f} p99 {delivered['p99_ms']:.2f} "
         f"max {delivered['max_ms']:.1f} ms; broker RSS {result['rss_steady_bytes'] / mib:.0f} MiB"
+    )
+    cpu = result["broker_cpu_s"]
+    print(
+        f"broker CPU: backlog {cpu['backlog'] - cpu['start']:.2f} s, "
+        f"steady {cpu['steady'] - cpu['backlog']:.2f} s "
+        f"({(cpu['steady'] - cpu['backlog']) * 1e6 / steady['messages']:.0f} us per message)"
+        + (f", churn {cpu['churn'] - cpu['steady']:.2f} s" if "churn" in result else "")
     )
     _print_phase("steady phase", result["phases"]["steady"])
     if "churn" in result:
