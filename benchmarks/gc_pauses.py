@@ -283,6 +283,12 @@ async def _steady(port: int, rate: float, seconds: float, size: int) -> dict[str
 
     def on_receipt(frame: Frame) -> None:
         receipt_s.append(time.monotonic() - scheduled[int(frame.headers["receipt-id"])])
+        finished()
+
+    def finished() -> None:
+        # A queue may deliver a persistent message before its RECEIPT: wait for both.
+        if len(delivered_s) == len(receipt_s) == count and not done.done():
+            done.set_result(None)
 
     def on_message(frame: Frame) -> None:
         if frame.command == "RECEIPT":
@@ -290,8 +296,7 @@ async def _steady(port: int, rate: float, seconds: float, size: int) -> dict[str
             return
         delivered_s.append(time.monotonic() - scheduled[int(frame.headers["n"])])
         consumer.send(b"ACK\nid:%b\n\n\0" % frame.headers["ack"].encode())
-        if len(delivered_s) == count and not done.done():
-            done.set_result(None)
+        finished()
 
     producer = await _connect(port, on_receipt, failed)
     consumer = await _connect(port, on_message, failed)
