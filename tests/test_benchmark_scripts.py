@@ -27,6 +27,15 @@ SCRIPTS = [
     ),
     pytest.param(["stomp_codec.py", "--frames", "2000"], "encode:", id="stomp_codec"),
     pytest.param(
+        [
+            "gc_pauses.py",
+            *("--backlog", "3000", "--size", "64", "--rate", "200", "--seconds", "1"),
+            *("--churn", "5000"),
+        ],
+        "steady phase: longest loop stall",
+        id="gc_pauses",
+    ),
+    pytest.param(
         ["journal_store.py", "adds", "--seconds", "0.2"], "adds/sync=", id="journal_store"
     ),
     pytest.param(["streams.py", "--size", "2MiB", "--no-kill"], "verified", id="streams"),

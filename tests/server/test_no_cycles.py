@@ -1,12 +1,12 @@
 """What the broker builds per message holds no reference cycles.
 
-The broker process freezes what its start built out of the cyclic garbage collector
-(`sluice.cli.broker._freeze_startup_objects`) and relies on reference counting for the objects of
-each message: a frame, its message, its write to the journal, the RECEIPT, the MESSAGE, the ACK.
-A cycle among those would be garbage only a full collection finds, whose pause grows with
-everything the broker holds. This test sends persistent messages with receipts through a journal
-store and consumes them with acknowledgements while the collector is off, then counts what a
-full collection finds: nothing that grows with the messages sent.
+The broker process freezes what survives each full collection out of the cyclic garbage
+collector's sight (`sluice.cli.collector`), queued messages included, and relies on reference
+counting for the objects of each message: a frame, its message, its write to the journal, the
+RECEIPT, the MESSAGE, the ACK. A cycle among those would be garbage only a complete collection
+finds, whose pause grows with everything the broker holds. This test sends persistent messages
+with receipts through a journal store and consumes them with acknowledgements while the collector
+is off, then counts what a full collection finds: nothing that grows with the messages sent.
 """
 
 from __future__ import annotations

@@ -279,9 +279,12 @@ class Broker(BrokerAdmin):
             self._removed_since_collect += removed
             if self._removed_since_collect >= _COLLECT_AFTER_REMOVED:
                 # A destination is freed by the cyclic collector (it holds callbacks to itself),
-                # which may not run for a long time on a broker that has gone quiet.
+                # which may not run for a long time on a broker that has gone quiet. The broker
+                # process freezes long-lived objects out of its sight (`sluice.cli.collector`):
+                # thawed, this collection visits the removed destinations too.
                 self.memory_freed(self._removed_since_collect * _DESTINATION_BYTES)
                 self._removed_since_collect = 0
+                gc.unfreeze()
                 gc.collect()
             self.count("destinations_removed_idle", removed)
             log.info(
