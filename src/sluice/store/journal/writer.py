@@ -2,7 +2,9 @@
 
 Each turn it takes everything pending (up to a batch bound) under the store lock, marking handles
 TAKEN so they can no longer be cancelled; writes the batch with `pwritev` calls (one per file
-touched, IOV_MAX buffers at a time); syncs once when the policy is ALWAYS; marks the handles
+touched, IOV_MAX buffers at a time); syncs once when the policy is ALWAYS, unless every record
+of the batch is lazy (`Op.lazy`: a remove nobody waits for, a cursor move; the next sync covers
+them, at the latest `sync_interval_ms` later); marks the handles
 WRITTEN and hands them all to the completion sink in one call; then applies the records to the
 index. The records' bytes and their effect on the index go through `appender.Appender`;
 checkpoints (every `index_write_batch` records or `checkpoint_interval_s`), collection and
