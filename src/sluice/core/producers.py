@@ -10,7 +10,9 @@ the ones it sent to most recently; beyond that the one it sent to longest ago st
 
 A mark holds a weak reference: a destination the broker removed (idle, or deleted) is not kept
 alive by the connections that sent to it, and one created again under the same name counts a
-connection from its next SEND.
+connection from its next SEND. The one exception is `last`, the destination of a connection's
+latest SEND, held strongly for the one-comparison fast path: at most one removed destination per
+connection stays in memory, until that connection sends elsewhere or closes.
 """
 
 from __future__ import annotations
