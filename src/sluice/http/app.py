@@ -28,7 +28,16 @@ from sluice import __version__
 from sluice.auth.handshake import TlsListener
 from sluice.auth.tls import server_context
 from sluice.errors import SluiceError
-from sluice.http import api, connections, definitions, downloads, messages, metrics, store
+from sluice.http import (
+    api,
+    connections,
+    definitions,
+    downloads,
+    messages,
+    metrics,
+    store,
+    websocket,
+)
 from sluice.http.context import Managed
 from sluice.http.errors import ApiError, ErrorCode, error_response
 from sluice.http.gate import CALLER, authenticate
@@ -47,8 +56,9 @@ SHUTDOWN_TIMEOUT_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# Answered without credentials: probes of an orchestrator, and the API's description.
-_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/api/openapi.json"})
+# Answered without credentials: probes of an orchestrator, and the API's description; STOMP
+# over WebSocket logs in with its CONNECT frame.
+_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/api/openapi.json", websocket.PATH})
 
 _TOO_LARGE = (ErrorCode.PAYLOAD_TOO_LARGE, f"request body over {MAX_REQUEST_BYTES} bytes")
 _HTTP_ERRORS = {
@@ -95,6 +105,7 @@ class ManagementServer:
         app.router.add_routes(definitions.routes(self))
         app.router.add_routes(connections.routes(self))
         app.router.add_routes(metrics.routes(self))
+        websocket.install(app, self)
         return app
 
     @web.middleware
