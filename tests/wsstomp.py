@@ -91,7 +91,10 @@ class WsStomp:
             self.kinds.append("binary")
             self.parser.feed(msg.data)
         else:
-            self.close_code = self.ws.close_code
+            # The close frame's code (the client's own `close_code` may say 1006 when the
+            # broker drops the connection right after sending it).
+            close_frame = msg.type is aiohttp.WSMsgType.CLOSE
+            self.close_code = msg.data if close_frame else self.ws.close_code
             self.close_reason = str(msg.extra or "")
             raise WsClosed(self.close_code, self.close_reason)
 
