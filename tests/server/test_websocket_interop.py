@@ -189,3 +189,74 @@ def test_a_websocket_consumer_that_does_not_read_stays_bounded() -> None:
     finally:
         producer.close()
         running.stop()
+
+
+def test_a_websocket_consumer_stuck_past_the_deadline_is_closed_as_slow() -> None:
+    running = start_managed(
+        limits={
+            "write_buffer_high_bytes": HIGH,
+            "write_buffer_low_bytes": LOW,
+            "slow_consumer_timeout_s": 0.5,
+        }
+    )
+    producer = RawStomp(running.broker.port)
+
+    async def go() -> None:
+        ws = await WsStomp.open(f"http://127.0.0.1:{running.server.port}/stomp")
+        try:
+            await ws.connect()
+            await ws.send_text("SUBSCRIBE\nid:s\ndestination:/queue/stuck\nreceipt:sub\n\n\0")
+            await _receipt(ws, "sub")
+            producer.connect()
+            frame = b"SEND\ndestination:/queue/stuck\n\n" + b"x" * BODY + b"\0"
+            await asyncio.to_thread(producer.send, frame * COUNT)
+            await wait_until_async(
+                lambda: running.broker.stats().get("slow_consumers_closed", 0) == 1,
+                what="the slow WebSocket consumer closed",
+            )
+            await wait_until_async(
+                lambda: len(sessions(running.broker)) == 1, what="only the producer left"
+            )
+        finally:
+            await ws.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(go(), 60))
+        stats = running.broker.stats()
+        assert stats["closed_slow_consumer"] == 1
+        # What was not delivered waits in the queue (auto-acked ones excepted).
+        listing = running.http.get("/api/destinations").json["items"]
+        queue = next(item for item in listing if item["name"] == "/queue/stuck")
+        assert queue["messages_ready"] > 0
+    finally:
+        producer.close()
+        running.stop()
+
+
+def test_stopping_the_management_server_closes_websockets_going_away() -> None:
+    running = start_managed()
+    stopped = False
+
+    async def go() -> tuple[int | None, str]:
+        ws = await WsStomp.open(f"http://127.0.0.1:{running.server.port}/stomp")
+        try:
+            await ws.connect()
+            await asyncio.to_thread(
+                lambda: asyncio.run_coroutine_threadsafe(
+                    running.server.stop(), running.broker.loop
+                ).result(30)
+            )
+            closed = await ws.closed()
+            return closed.code, closed.reason
+        finally:
+            await ws.close()
+
+    try:
+        assert asyncio.run(asyncio.wait_for(go(), 60)) == (1001, "shutdown")
+        stopped = True
+        assert running.broker.stats()["closed_shutdown"] == 1
+    finally:
+        if stopped:
+            running.broker.stop()
+        else:
+            running.stop()
