@@ -16,7 +16,6 @@ import pytest
 from management.conftest import Managed, start_managed
 from rawstomp import RawStomp
 from sluice.auth.users import ScryptParams, User, UsersFile, hash_password, save_users
-from waiting import wait_until
 from wsstomp import WsStomp
 
 T = TypeVar("T")
@@ -333,6 +332,7 @@ def test_a_page_of_another_origin_is_refused_unless_allowed() -> None:
             session_with(running, lambda ws: ws.connect(), headers={"Origin": "http://evil.test"})
         assert info.value.status == 403
         assert running.broker.stats()["websocket_origins_refused"] == 1
+        assert "sluice_websocket_origins_refused_total 1.0" in running.http.get("/metrics").text
     finally:
         running.stop()
 
@@ -342,14 +342,17 @@ def test_websocket_connections_are_listed_and_counted_with_tcp(managed: Managed)
     try:
         tcp.connect()
 
-        async def go(ws: WsStomp) -> list[str]:
+        async def go(ws: WsStomp) -> tuple[list[str], str]:
             await ws.connect()
             listing = await asyncio.to_thread(managed.http.get, "/api/connections")
-            return sorted(item["protocol"] for item in listing.json["items"])
+            metrics = await asyncio.to_thread(managed.http.get, "/metrics")
+            return sorted(item["protocol"] for item in listing.json["items"]), metrics.text
 
-        assert session_with(managed, go) == ["stomp-tcp", "stomp-ws"]
-        wait_until(lambda: managed.broker.stats()["connections_accepted"] == 2)
-        metrics = managed.http.get("/metrics").text
+        protocols, metrics = session_with(managed, go)
+        assert protocols == ["stomp-tcp", "stomp-ws"]
+        assert "sluice_connections 2.0" in metrics
+        assert 'sluice_connections_by_protocol{protocol="stomp-ws"} 1.0' in metrics
+        assert 'sluice_connections_by_protocol{protocol="stomp-tcp"} 1.0' in metrics
         assert "sluice_connections_opened_total 2.0" in metrics
     finally:
         tcp.close()
