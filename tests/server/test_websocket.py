@@ -131,6 +131,20 @@ def test_several_frames_in_one_message_and_one_frame_over_several(managed: Manag
     assert bodies == [b"first", b"second", body.encode()]
 
 
+def test_a_frame_sent_one_byte_per_message(managed: Managed) -> None:
+    async def go(ws: WsStomp) -> tuple[str, bytes]:
+        await ws.connect()
+        await ws.send_text("SUBSCRIBE\nid:s\ndestination:/queue/ws.bytes\n\n\0")
+        frame = b"SEND\ndestination:/queue/ws.bytes\nreceipt:r\n\nbyte by byte\0\n"
+        for n in range(len(frame)):
+            await ws.send_bytes(frame[n : n + 1])
+        # The MESSAGE may come before the RECEIPT.
+        frames = {f.command.value: f for f in [await ws.frame(), await ws.frame()]}
+        return frames["RECEIPT"].headers["receipt-id"], frames["MESSAGE"].body
+
+    assert session_with(managed, go) == ("r", b"byte by byte")
+
+
 def test_the_broker_answers_in_the_type_the_client_writes(managed: Managed) -> None:
     async def go(ws: WsStomp) -> list[tuple[str, str]]:
         seen = []

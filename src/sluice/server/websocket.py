@@ -199,6 +199,11 @@ class WebSocketTransport(asyncio.Transport):
                 self.close_code = CloseCode.MESSAGE_TOO_BIG
                 session.refuse(exc)
                 return
+            except (ConnectionError, RuntimeError) as exc:
+                # The connection went under the WebSocket (aiohttp raises RuntimeError once the
+                # WebSocket is closed).
+                log.debug("WebSocket receive ended: %s", exc)
+                return
             if message is None:
                 return
             if isinstance(message, str):
