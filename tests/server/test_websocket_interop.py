@@ -1,10 +1,13 @@
 """A WebSocket client and a stomp.py client on TCP exchange messages both ways through one
-broker, with client-individual acks and transactions; and a WebSocket consumer that stops
-reading is held to the write buffer's bounds, as a TCP one is."""
+broker, with client-individual acks and transactions; a WebSocket consumer that stops reading
+is held to the write buffer's bounds, as a TCP one is, and closed as slow past its deadline; a
+WebSocket producer that does not read its replies is no longer read; stopping the management
+server closes WebSockets going away."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -262,3 +265,54 @@ def test_stopping_the_management_server_closes_websockets_going_away() -> None:
             running.broker.stop()
         else:
             running.stop()
+
+
+def _pairs(first: int, pairs: int) -> bytes:
+    """Receipted BEGIN/ABORT pairs: each frame asks for a reply (a 200-byte receipt id) and
+    costs nothing else."""
+    out = []
+    for n in range(first, first + 2 * pairs, 2):
+        out.append(b"BEGIN\ntransaction:t\nreceipt:%08d%s\n\n\0" % (n, b"." * 192))
+        out.append(b"ABORT\ntransaction:t\nreceipt:%08d%s\n\n\0" % (n + 1, b"." * 192))
+    return b"".join(out)
+
+
+def test_a_websocket_producer_that_does_not_read_is_not_read() -> None:
+    running = start_managed(limits={"write_buffer_high_bytes": HIGH, "write_buffer_low_bytes": LOW})
+
+    async def go() -> None:
+        ws = await WsStomp.open(f"http://127.0.0.1:{running.server.port}/stomp")
+        sent = 0
+
+        async def flood() -> None:
+            nonlocal sent
+            while True:
+                await ws.send_bytes(_pairs(sent, 64))
+                sent += 128
+
+        try:
+            await ws.connect()
+            flooding = asyncio.get_running_loop().create_task(flood())
+            # Its replies pile up unread: the broker stops reading it (its sends then wait in
+            # the sockets), and what it holds for it stays about the mark.
+            await wait_until_async(
+                lambda: any(ReadPause.OUTBOUND in s.reasons for s in sessions(running.broker)),
+                what="the WebSocket producer no longer read",
+            )
+            view = (await asyncio.to_thread(sessions, running.broker))[0]
+            assert view.outbound_bytes <= 2 * HIGH + 1024, view.outbound_bytes
+            flooding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flooding
+            # Reading again, every frame sent is answered, in order.
+            for n in range(sent):
+                receipt = await ws.frame(timeout=30)
+                assert receipt.headers["receipt-id"].startswith(f"{n:08d}"), receipt
+        finally:
+            await ws.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(go(), 120))
+        assert running.broker.stats()["write_paused"] >= 1
+    finally:
+        running.stop()
