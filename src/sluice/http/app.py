@@ -28,20 +28,12 @@ from sluice import __version__
 from sluice.auth.handshake import TlsListener
 from sluice.auth.tls import server_context
 from sluice.errors import SluiceError
-from sluice.http import (
-    api,
-    connections,
-    definitions,
-    downloads,
-    messages,
-    metrics,
-    store,
-    websocket,
-)
+from sluice.http import api, connections, definitions, downloads, messages, metrics, store
 from sluice.http.context import Managed
 from sluice.http.errors import ApiError, ErrorCode, error_response
 from sluice.http.gate import CALLER, authenticate
 from sluice.http.rates import RateSampler
+from sluice.http.websocket import STOMP_PATH, install_stomp
 
 __all__ = ["ManagementServer"]
 
@@ -58,7 +50,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Answered without credentials: probes of an orchestrator, and the API's description; STOMP
 # over WebSocket logs in with its CONNECT frame.
-_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/api/openapi.json", websocket.PATH})
+_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/api/openapi.json", STOMP_PATH})
 
 _TOO_LARGE = (ErrorCode.PAYLOAD_TOO_LARGE, f"request body over {MAX_REQUEST_BYTES} bytes")
 _HTTP_ERRORS = {
@@ -105,7 +97,7 @@ class ManagementServer:
         app.router.add_routes(definitions.routes(self))
         app.router.add_routes(connections.routes(self))
         app.router.add_routes(metrics.routes(self))
-        websocket.install(app, self)
+        install_stomp(app, self)
         return app
 
     @web.middleware

@@ -31,11 +31,11 @@ from sluice.errors import LimitExceeded
 from sluice.http.context import Serving
 from sluice.http.errors import ApiError, ErrorCode
 
-__all__ = ["PATH", "SUBPROTOCOLS", "install", "negotiate"]
+__all__ = ["STOMP_PATH", "SUBPROTOCOLS", "install_stomp", "negotiate"]
 
 log = logging.getLogger(__name__)
 
-PATH = "/stomp"
+STOMP_PATH = "/stomp"
 # Highest first: the first the client offers, in this order, is the one echoed.
 SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp")
 # The peer's close frame after ours is awaited this long (then the connection is closed).
@@ -132,7 +132,7 @@ class _Socket:
         await self._ws.close(code=code, message=reason.encode("utf-8")[:123])
 
 
-def install(app: web.Application, serving: Serving) -> None:
+def install_stomp(app: web.Application, serving: Serving) -> None:
     """Route `/stomp` on `app`, and close its WebSockets first when the server stops."""
     managed = serving.managed
 
@@ -142,7 +142,7 @@ def install(app: web.Application, serving: Serving) -> None:
             managed.broker.count("websocket_origins_refused")
             raise ApiError(
                 ErrorCode.FORBIDDEN,
-                f"origin {request.headers.get(hdrs.ORIGIN)} may not open {PATH}; "
+                f"origin {request.headers.get(hdrs.ORIGIN)} may not open {STOMP_PATH}; "
                 "see [http] ws_allowed_origins",
             )
         chosen = negotiate(request.headers.getall(hdrs.SEC_WEBSOCKET_PROTOCOL, []))
@@ -159,7 +159,7 @@ def install(app: web.Application, serving: Serving) -> None:
             timeout=CLOSE_TIMEOUT_S,
         )
         if not ws.can_prepare(request).ok:
-            raise ApiError(ErrorCode.BAD_REQUEST, f"{PATH} takes a WebSocket upgrade only")
+            raise ApiError(ErrorCode.BAD_REQUEST, f"{STOMP_PATH} takes a WebSocket upgrade only")
         await ws.prepare(request)
         managed.broker.count("websocket_connections")
         await managed.serve_websocket(_Socket(ws, request, max_bytes))
@@ -168,5 +168,5 @@ def install(app: web.Application, serving: Serving) -> None:
     async def close_all(app: web.Application) -> None:
         managed.close_websockets()
 
-    app.router.add_get(PATH, stomp, allow_head=False)
+    app.router.add_get(STOMP_PATH, stomp, allow_head=False)
     app.on_shutdown.append(close_all)

@@ -1,5 +1,5 @@
-"""A STOMP session: the asyncio protocol that joins one socket, the STOMP state machine and the
-core's `BrokerConnection`.
+"""A STOMP session: the asyncio protocol that joins one socket (or one WebSocket, through
+`websocket.WebSocketTransport`), the STOMP state machine and the core's `BrokerConnection`.
 
 Reading: each chunk goes to the parser, and frames are handled one at a time until the parser
 needs more bytes or flow control pauses reading; frames already buffered wait in the parser.
@@ -130,8 +130,8 @@ class StompSession(SessionConnect, asyncio.Protocol):
         # Bytes read from the peer, and when its CONNECT was accepted (ms since the epoch).
         self.bytes_received = 0
         self.connected_at_ms = 0
-        # What the connection is shown as speaking, plain and over TLS (`websocket.py` sets
-        # the WebSocket pair).
+        # What the connection is shown as speaking, plain and over TLS (the WebSocket pair
+        # when `BrokerServer.serve_websocket` made it).
         self.protocols = (ConnectionProtocol.STOMP_TCP, ConnectionProtocol.STOMP_TLS)
 
     # -- asyncio protocol -----------------------------------------------------------------------
