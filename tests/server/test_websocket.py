@@ -296,9 +296,13 @@ def test_an_over_size_message_gets_an_error_naming_the_limit_and_1009() -> None:
 
         async def go(ws: WsStomp) -> tuple[str, str, int | None, str]:
             await ws.connect()
-            await ws.send_text(
-                "SEND\ndestination:/queue/ws.big\n\n" + "x" * 5000 + "\0",
-            )
+            head = "SEND\ndestination:/queue/ws.fits\nreceipt:fits\n\n"
+            # A message of exactly the limit is taken; one byte more is not.
+            await ws.send_text(head + "x" * (4096 - len(head) - 1) + "\0")
+            assert (await ws.frame()).headers["receipt-id"] == "fits"
+            big = "SEND\ndestination:/queue/ws.big\n\n" + "x" * 4064 + "\0"
+            assert len(big) == 4097
+            await ws.send_text(big)
             error = await ws.frame()
             closed = await ws.closed()
             return error.command.value, error.headers["message"], closed.code, closed.reason

@@ -149,7 +149,8 @@ def install_stomp(app: web.Application, serving: Serving) -> None:
         max_bytes = config.ws_max_message_bytes
         ws = _StompWebSocket(
             protocols=(chosen,) if chosen else (),
-            max_msg_size=max_bytes,
+            # aiohttp refuses a message of max_msg_size bytes; ours is the largest taken.
+            max_msg_size=max_bytes + 1,
             # Deflate would hide the size of what is buffered, and costs a thread per large
             # message.
             compress=False,
