@@ -227,7 +227,8 @@ class WebSocketTransport(asyncio.Transport):
                 chunks, self._chunks = self._chunks, []
                 data = b"".join(chunks)
                 await socket.send(self._message(data))
-                self._queued_bytes -= len(data)
+                # (An abort meanwhile emptied the queue.)
+                self._queued_bytes = max(0, self._queued_bytes - len(data))
                 if self._writing_paused and not self._chunks:
                     self._writing_paused = False
                     self._protocol.resume_writing()
