@@ -33,6 +33,7 @@ from sluice.http.context import Managed
 from sluice.http.errors import ApiError, ErrorCode, error_response
 from sluice.http.gate import CALLER, authenticate
 from sluice.http.rates import RateSampler
+from sluice.http.websocket import STOMP_PATH, install_stomp
 
 __all__ = ["ManagementServer"]
 
@@ -47,8 +48,9 @@ SHUTDOWN_TIMEOUT_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# Answered without credentials: probes of an orchestrator, and the API's description.
-_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/api/openapi.json"})
+# Answered without credentials: probes of an orchestrator, and the API's description; STOMP
+# over WebSocket logs in with its CONNECT frame.
+_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/api/openapi.json", STOMP_PATH})
 
 _TOO_LARGE = (ErrorCode.PAYLOAD_TOO_LARGE, f"request body over {MAX_REQUEST_BYTES} bytes")
 _HTTP_ERRORS = {
@@ -95,6 +97,7 @@ class ManagementServer:
         app.router.add_routes(definitions.routes(self))
         app.router.add_routes(connections.routes(self))
         app.router.add_routes(metrics.routes(self))
+        install_stomp(app, self)
         return app
 
     @web.middleware
