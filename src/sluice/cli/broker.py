@@ -88,7 +88,10 @@ def _run_broker(args: argparse.Namespace) -> int:
         from sluice.server.listener import BrokerServer  # noqa: PLC0415
         from sluice.server.stores import open_stores  # noqa: PLC0415
 
-        store, temp_store = open_stores(cfg, fence=lease)
+        # Without the OS lock, the previous holder's process is alive (frozen) or its lock lies.
+        store, temp_store = open_stores(
+            cfg, fence=lease, detach_index=lease is not None and not lease.has_os_lock
+        )
         server = BrokerServer(cfg, store, temp_store=temp_store)
         await server.start()
         management = None
