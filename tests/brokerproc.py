@@ -72,8 +72,9 @@ class BrokerProcess:
         regex = re.compile(pattern)
         with self._lines_changed:
             ok = self._lines_changed.wait_for(
-                lambda: any(regex.search(line) for line in self.stderr_lines)
-                or self._stderr_closed,
+                lambda: (
+                    any(regex.search(line) for line in self.stderr_lines) or self._stderr_closed
+                ),
                 timeout,
             )
             for line in self.stderr_lines:
