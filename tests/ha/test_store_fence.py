@@ -1,0 +1,73 @@
+"""The journal store with a fence: it starts a new data file at open, and once the fence closes
+it writes nothing more (the batch fails with `FencedError`, the store takes no more writes)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from sluice.config import MiB, StoreConfig
+from sluice.errors import FencedError, StoreError
+from sluice.store.api import WriteState
+from sluice.store.journal.files import file_path, list_files
+from sluice.store.journal.store import JournalStore
+from store.helpers import Sink, msg
+
+
+class _Fence:
+    """A fence a test opens and closes."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.checks = 0
+
+    def check(self) -> None:
+        self.checks += 1
+        if not self.open:
+            raise FencedError("test fence closed")
+
+
+def _digests(journal: Path) -> dict[int, str]:
+    return {
+        n: hashlib.sha256(file_path(journal, n).read_bytes()).hexdigest()
+        for n in list_files(journal)
+    }
+
+
+def test_closed_fence_stops_every_write(tmp_path: Path) -> None:
+    config = StoreConfig(data_dir=tmp_path, journal_file_bytes=1 * MiB, gc_interval_s=3600)
+    journal = tmp_path / "journal"
+    plain = JournalStore(config)
+    sink = Sink()
+    plain.open(sink)
+    handle = plain.add(msg("/queue/q", 1), None)
+    sink.wait([handle])
+    plain.close()
+    assert list_files(journal) == [1]
+
+    fence = _Fence()
+    store = JournalStore(config, fence=fence)
+    sink = Sink()
+    store.open(sink)
+    try:
+        # A master under a lease never appends to a file an earlier master had open.
+        assert list_files(journal) == [1, 2]
+        written = store.add(msg("/queue/q", 2), None)
+        sink.wait([written])
+        assert written.state is WriteState.WRITTEN
+        assert fence.checks >= 2  # before the write and before the confirmation
+        before = _digests(journal)
+
+        fence.open = False
+        refused = store.add(msg("/queue/q", 3), None)
+        sink.wait([refused])
+        assert refused.state is WriteState.FAILED
+        assert isinstance(refused.error, FencedError)
+        with pytest.raises(StoreError):
+            store.checkpoint()
+        assert _digests(journal) == before
+    finally:
+        store.close()
+    assert _digests(journal) == before
