@@ -26,6 +26,10 @@ _CONFIG = """
 data_dir = "{data}"
 journal_file_bytes = 1048576
 gc_interval_s = 3600
+# A queue message goes to its consumer once it is written, not while it is (see "Concurrent store
+# and dispatch" in docs/high-availability.md): else a master that dies between the two leaves a
+# delivery the journal never had, and the resent message is delivered again unflagged.
+concurrent_store_and_dispatch_queues = false
 
 [heartbeat]
 send_ms = 500
