@@ -87,15 +87,16 @@ class HaPair:
 
     @property
     def brokers(self) -> str:
-        """Both addresses, for `Client.connect` and `--broker`."""
-        return ",".join(f"127.0.0.1:{port}" for port in self.ports.values())
+        """The addresses of `a` and `b`, for `Client.connect` and `--broker`."""
+        return ",".join(f"127.0.0.1:{self.ports[name]}" for name in ("a", "b"))
 
-    def launch(self, name: str) -> BrokerProcess:
+    def launch(self, name: str, *extra_args: str) -> BrokerProcess:
         """Start broker `name` without waiting for it to listen."""
         workdir = self.root / f"{name}-{len(self.procs)}"
         workdir.mkdir()
         config = _CONFIG.format(data=self.data, lease_s=self.lease_s)
-        broker = BrokerProcess(config, workdir, "--stomp", f"127.0.0.1:{self.ports[name]}")
+        port = self.ports.setdefault(name, free_port())
+        broker = BrokerProcess(config, workdir, "--stomp", f"127.0.0.1:{port}", *extra_args)
         self.procs.append(broker)
         return broker.launch()
 

@@ -34,6 +34,12 @@ def test_slave_waits_without_listening_and_stops_at_once(tmp_path: Path) -> None
         assert slave.stop() == 0
         assert time.monotonic() - started < 5.0
         assert "stopped while waiting for the lease" in slave.log_text
+        # master-only never waits: it says who holds the lease and exits.
+        other = pair.launch("c", "--ha-role", "master-only")
+        assert other.proc is not None
+        assert other.proc.wait(30) == 1
+        other.stop()
+        assert "is held by another broker (ha.role = master-only)" in other.log_text
         # The master went on undisturbed, and gives the lease up when it stops.
         assert pair.lease().holder.split(":")[1] == str(master.pid)
         assert master.stop() == 0
