@@ -103,14 +103,15 @@ def test_renewal_finds_another_holder_and_loses(tmp_path: Path) -> None:
 
 
 def test_renewing_keeps_the_fence_open_past_the_lease_time(tmp_path: Path) -> None:
-    lease = FileLease(tmp_path, 1.0)
+    lease_s = 2.0
+    lease = FileLease(tmp_path, lease_s)
     try:
         lease.acquire()
         lease.start_renewing()
         started = time.monotonic()
         renewals = _record(tmp_path).renewals
-        wait_until(lambda: _record(tmp_path).renewals >= renewals + 4, 10.0, "four renewals")
-        assert time.monotonic() - started > FENCE_FRACTION * 1.0
+        wait_until(lambda: _record(tmp_path).renewals >= renewals + 3, 20.0, "three renewals")
+        assert time.monotonic() - started > FENCE_FRACTION * lease_s
         lease.check()
     finally:
         lease.release()
