@@ -73,6 +73,9 @@ def test_sigkill_of_the_master_under_load(tmp_path: Path) -> None:
 
         takeover_s, client_s = asyncio.run(scenario())
         print(f"failover: takeover {takeover_s:.2f} s, first receipt {client_s:.2f} s")
+        # Its process gone, the old master writes nothing more: the files are taken as they are.
+        assert "is gone (its process ended)" in slave.log_text
+        assert "copies now" not in slave.log_text
         assert takeover_s < lease_s + 3
         assert pair.lease().epoch == 2
         assert slave.stop() == 0
@@ -116,6 +119,8 @@ def test_frozen_master_resumed_after_takeover_writes_nothing(tmp_path: Path) -> 
 
         asyncio.run(scenario())
         assert "lost the lease" in master.log_text
+        # Taken over unrenewed: the old master may have woken, so it was cut off from the files.
+        assert "the journal's newest file and the index are copies now" in slave.log_text
         assert "exiting at once without writing" in master.log_text
         lease = pair.lease()
         assert lease.epoch == 2

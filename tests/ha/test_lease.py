@@ -53,6 +53,7 @@ def test_released_lease_is_taken_at_once_with_the_next_epoch(tmp_path: Path) -> 
         assert time.monotonic() - started < 5.0
         assert second.took_over_from is not None
         assert second.took_over_from.holder == first.holder
+        assert not second.previous_may_be_alive
     finally:
         second.release()
 
@@ -69,6 +70,7 @@ def test_unrenewed_lease_is_taken_over_and_the_old_holder_is_fenced(tmp_path: Pa
         assert waiting.acquire() == 2
         assert time.monotonic() - seen_at >= 1.0
         assert not waiting.has_os_lock
+        assert waiting.previous_may_be_alive
         # Long before the takeover, the old holder's own clock had ended its writes.
         assert not frozen.is_held()
         with pytest.raises(FencedError):
@@ -146,6 +148,7 @@ def test_holder_gone_from_this_machine_is_taken_over_at_once(tmp_path: Path) -> 
     try:
         started = time.monotonic()
         assert lease.acquire() == 8
+        assert not lease.previous_may_be_alive
         assert time.monotonic() - started < 5.0
     finally:
         lease.release()

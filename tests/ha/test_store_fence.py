@@ -4,6 +4,7 @@ it writes nothing more (the batch fails with `FencedError`, the store takes no m
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from sluice.config import MiB, StoreConfig
 from sluice.errors import FencedError, StoreError
 from sluice.store.api import WriteState
+from sluice.store.journal.detach import detach_previous_master
 from sluice.store.journal.files import file_path, list_files
 from sluice.store.journal.store import JournalStore
 from store.helpers import Sink, msg
@@ -71,3 +73,53 @@ def test_closed_fence_stops_every_write(tmp_path: Path) -> None:
     finally:
         store.close()
     assert _digests(journal) == before
+
+
+def test_a_new_data_file_never_replaces_one_of_its_number(tmp_path: Path) -> None:
+    config = StoreConfig(data_dir=tmp_path, journal_file_bytes=1 * MiB, gc_interval_s=3600)
+    journal = tmp_path / "journal"
+    store = JournalStore(config)
+    sink = Sink()
+    store.open(sink)
+    try:
+        # Another master started data file 2 meanwhile: this one must not write over it.
+        other = file_path(journal, 2)
+        other.write_bytes(b"the other master's file")
+        body = b"x" * (600 * 1024)
+        first = store.add(msg("/queue/q", 1, body), None)
+        second = store.add(msg("/queue/q", 2, body), None)
+        sink.wait([first, second])
+        assert WriteState.FAILED in (first.state, second.state)
+        assert other.read_bytes() == b"the other master's file"
+    finally:
+        store.close()
+
+
+def test_detached_head_takes_no_more_writes_from_the_old_descriptor(tmp_path: Path) -> None:
+    config = StoreConfig(data_dir=tmp_path, journal_file_bytes=1 * MiB, gc_interval_s=3600)
+    journal = tmp_path / "journal"
+    store = JournalStore(config)
+    sink = Sink()
+    store.open(sink)
+    handle = store.add(msg("/queue/q", 1), None)
+    sink.wait([handle])
+    store.close()
+    head = file_path(journal, list_files(journal)[-1])
+    old_fd = os.open(head, os.O_RDWR)  # as the frozen master holds it
+    try:
+        before = head.read_bytes()
+        detach_previous_master(tmp_path)
+        assert head.read_bytes() == before
+        assert (tmp_path / "index.detached" / "data.mdb").is_file()
+        assert (tmp_path / "index" / "data.mdb").is_file()
+        os.pwrite(old_fd, b"late write of the old master", 4096)
+        assert head.read_bytes() == before
+    finally:
+        os.close(old_fd)
+    reopened = JournalStore(config)
+    recovery = reopened.open(Sink())
+    try:
+        assert [d.name for d in recovery.destinations] == ["/queue/q"]
+        assert [m.seq for m in reopened.load("/queue/q", 0, 10, 1 << 20)] == [1]
+    finally:
+        reopened.close()

@@ -88,9 +88,11 @@ def _run_broker(args: argparse.Namespace) -> int:
         from sluice.server.listener import BrokerServer  # noqa: PLC0415
         from sluice.server.stores import open_stores  # noqa: PLC0415
 
-        # Without the OS lock, the previous holder's process is alive (frozen) or its lock lies.
+        # A lease taken because it went unrenewed: its holder may be frozen, not dead.
         store, temp_store = open_stores(
-            cfg, fence=lease, detach_index=lease is not None and not lease.has_os_lock
+            cfg,
+            fence=lease,
+            detach_previous_master=lease is not None and lease.previous_may_be_alive,
         )
         server = BrokerServer(cfg, store, temp_store=temp_store)
         await server.start()

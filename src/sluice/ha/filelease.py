@@ -89,8 +89,11 @@ class FileLease:
         self._has_os_lock = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # What took the lease over from whom, for the log line and the tests.
+        # What took the lease over from whom, for the log line and the tests; whether that
+        # holder may still be alive (it stopped renewing, but nothing says its process ended:
+        # frozen, or on another machine), so that the store cuts it off before it opens.
         self.took_over_from: LeaseRecord | None = None
+        self.previous_may_be_alive = False
 
     @property
     def lease_path(self) -> Path:
@@ -138,9 +141,9 @@ class FileLease:
                     )
                     if key != seen:
                         seen, seen_since = key, started
-                    reason = self._free(current, started - seen_since)
-                    if reason is not None:
-                        return self._take(current, reason, started)
+                    why = self._free(current, started - seen_since)
+                    if why is not None:
+                        return self._take(current, why, started)
             if not wait:
                 self._close_lock()
                 return None
@@ -158,21 +161,23 @@ class FileLease:
                 self._close_lock()
                 return None
 
-    def _free(self, current: LeaseRecord | None, unchanged_s: float) -> str | None:
-        """Why the lease may be taken now, or None while its holder keeps it."""
+    def _free(self, current: LeaseRecord | None, unchanged_s: float) -> tuple[str, bool] | None:
+        """Why the lease may be taken now, and whether its holder may still be alive; None
+        while its holder keeps it."""
         if current is None:
-            return "no lease yet"
+            return "no lease yet", False
         if current.released:
-            return f"released by {current.holder}"
+            return f"released by {current.holder}", False
         if current.holder == self.holder:
-            return "held by this process already"
+            return "held by this process already", False
         if self._has_os_lock and current.host == self.host and not _pid_alive(current.pid):
-            return f"its holder {current.holder} is gone (its process ended)"
+            return f"its holder {current.holder} is gone (its process ended)", False
         if unchanged_s >= self.lease_s:
-            return f"{current.holder} did not renew it for {unchanged_s:.1f} s"
+            return f"{current.holder} did not renew it for {unchanged_s:.1f} s", True
         return None
 
-    def _take(self, current: LeaseRecord | None, reason: str, started: float) -> int:
+    def _take(self, current: LeaseRecord | None, why: tuple[str, bool], started: float) -> int:
+        reason, may_be_alive = why
         epoch = (current.epoch if current is not None else 0) + 1
         self._renewals = 0
         self._write(self._record(epoch))
@@ -182,6 +187,7 @@ class FileLease:
         self._epoch = epoch
         self._valid_until = started + self.lease_s * FENCE_FRACTION
         self.took_over_from = current
+        self.previous_may_be_alive = may_be_alive
         log.warning(
             "took the lease on %s at epoch %d (%s)%s",
             self.directory,

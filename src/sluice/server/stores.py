@@ -45,22 +45,22 @@ def check_disk_space(config: Config) -> None:
 
 
 def open_stores(
-    config: Config, fence: Fence | None = None, *, detach_index: bool = False
+    config: Config, fence: Fence | None = None, *, detach_previous_master: bool = False
 ) -> tuple[MessageStore, MessageStore | None]:
     """The store the configuration asks for, and the temp store non-persistent messages spool
     to (only with the journal: with the memory store, a full memory pauses producers). `fence`
     is the high-availability lease the journal checks before it writes (`sluice.ha`);
-    `detach_index` works on a copy of the index, when the previous master may still be alive
-    and holding it (`sluice.store.journal.detach`)."""
+    `detach_previous_master`, when the previous master may still be alive: cut it off from the
+    journal's newest file and the index first (`sluice.store.journal.detach`)."""
     if config.store.kind is StoreKind.MEMORY:
         return MemoryStore(), None
     from sluice.store.journal.store import JournalStore  # noqa: PLC0415 - only when asked for
 
     check_disk_space(config)
-    if detach_index:
-        from sluice.store.journal.detach import detach_index as detach  # noqa: PLC0415
+    if detach_previous_master:
+        from sluice.store.journal import detach  # noqa: PLC0415
 
-        detach(config.store.data_dir)
+        detach.detach_previous_master(config.store.data_dir)
 
     store = JournalStore(
         config.store,

@@ -137,6 +137,7 @@ class Writer:
             journal_dir=journal_dir,
             archive_dir=archive_dir,
             fail=self._set_failed,
+            fence=fence,
         )
         self._requests: list[_Request] = []
         # Ops ever queued and ever taken into a batch (a request waits for those before it).
