@@ -35,9 +35,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sluice.errors import FencedError, LeaseError
-from sluice.ha.lease import MAX_LEASE_FILE_BYTES, LeaseRecord
+from sluice.ha.lease import MAX_LEASE_FILE_BYTES, Lease, LeaseRecord
 
 __all__ = ["FENCE_FRACTION", "LEASE_NAME", "LOCK_NAME", "FileLease"]
 
@@ -369,6 +370,11 @@ class FileLease:
                 os.close(dir_fd)
         except OSError as exc:
             raise LeaseError(f"cannot write {path}: {exc.strerror}") from None
+
+
+if TYPE_CHECKING:
+    # FileLease is a Lease (checked by the type checker, at no cost at run time).
+    _IS_A_LEASE: type[Lease] = FileLease
 
 
 def _describe(record: LeaseRecord | None) -> str:
