@@ -135,11 +135,7 @@ class FileLease:
             with self._takeover_lock() as locked:
                 if locked:
                     current = self._read()
-                    key = (
-                        None
-                        if current is None
-                        else (current.holder, current.epoch, current.renewals)
-                    )
+                    key = None if current is None else current.key
                     if key != seen:
                         seen, seen_since = key, started
                     why = self._free(current, started - seen_since)
