@@ -33,6 +33,7 @@ from sluice.store.api import (
     CompletionSink,
     RecoveredSubscription,
     Recovery,
+    StoreCapabilities,
     StoredMessage,
     StoreStats,
     StoreView,
@@ -81,7 +82,7 @@ class JournalStore:
     `add` return `TimedWriteHandle`s, stamped as they go through the store and the writer (the
     broker's per-hop latency; the cost of one test per add when off)."""
 
-    pages_to_disk = True
+    capabilities = StoreCapabilities(pages_to_disk=True, durable=True, data_files=True)
 
     def __init__(
         self,
@@ -95,6 +96,8 @@ class JournalStore:
             config = dataclasses.replace(config, sync=SyncPolicy.NEVER, archive=False)
         self.config = config
         self.temporary = temporary
+        if temporary:
+            self.capabilities = dataclasses.replace(self.capabilities, durable=False)
         self.dedup_window = dedup_window
         self.journal_dir = config.data_dir / "journal"
         self._lock = threading.Lock()
