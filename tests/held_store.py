@@ -13,7 +13,7 @@ from sluice.store.memory import MemoryStore
 
 class HeldStore(MemoryStore):
     """The memory store, except that while `holding` its completions wait for `release()`.
-    With `pages_to_disk` (its capabilities say so) the broker pages to it as it would to the journal."""
+    With `pages_to_disk` (in its capabilities) the broker pages to it as it would to the journal."""
 
     def __init__(self, *, pages_to_disk: bool = False) -> None:
         super().__init__()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -41,7 +40,6 @@ from sluice.errors import StoreError
 from sluice.store.api import (
     DEDUP_HEADER,
     CompletionSink,
-    RecoveredDestination,
     RecoveredSubscription,
     Recovery,
     StoreCapabilities,
@@ -51,28 +49,22 @@ from sluice.store.api import (
     WriteHandle,
     WriteState,
 )
-from sluice.store.postgres.schema import decode_headers, migrate
+from sluice.store.postgres.reads import (
+    MAX_SEQ,
+    ReadConn,
+    Shown,
+    Snapshot,
+    first_seq,
+    read_page,
+)
+from sluice.store.postgres.recovery import recover
 from sluice.store.postgres.urls import safe_url
-from sluice.store.postgres.writer import Op, OpKind, TxAdd, Writer, WriterState
+from sluice.store.postgres.writer import Op, OpKind, TxAdd, Writer
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SCHEMA = "sluice"
 CONNECT_TIMEOUT_S = 10
-_MAX_SEQ = (1 << 63) - 1
-# Rows whose sizes a page reads per query while it fills its budget.
-_META_ROWS = 512
-
-
-@dataclass(eq=False)
-class _Entry:
-    """An add shown before it is committed: its message until written, then its row."""
-
-    seq: int
-    row_id: int
-    size: int
-    timestamp_ms: int
-    op: Op
 
 
 @dataclass
@@ -136,8 +128,9 @@ class PostgresStore:
             raise StoreError("store already open", safe_url(self.url))
         conn = self._connect(autocommit=False)
         try:
-            recovery, state = self._recover(conn)
+            recovery, state, max_row = recover(conn, self.schema, self.dedup_window)
             conn.commit()
+            self._row_ids = itertools.count(max_row + 1)
             self._reader = self._connect(autocommit=True)
         except BaseException:
             conn.close()
@@ -160,76 +153,6 @@ class PostgresStore:
             len(recovery.subscriptions),
         )
         return recovery
-
-    def _recover(self, conn: psycopg.Connection[Any]) -> tuple[Recovery, WriterState]:
-        report = migrate(conn, self.schema)
-        dropped = conn.execute("DELETE FROM messages WHERE txno IS NOT NULL").rowcount
-        if dropped:
-            report.append(f"postgres: {dropped} messages of unfinished transactions dropped")
-        rows = conn.execute(
-            "SELECT id, name, live, last_seq, dispatch_mark FROM destinations"
-        ).fetchall()
-        counts = {
-            dest_id: (count, size)
-            for dest_id, count, size in conn.execute(
-                "SELECT dest_id, count(*), coalesce(sum(size), 0) FROM messages "
-                "WHERE seq IS NOT NULL GROUP BY dest_id"
-            )
-        }
-        (max_row,) = conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone() or (0,)
-        (max_pos,) = conn.execute("SELECT coalesce(max(pos), 0) FROM dedup_ids").fetchone() or (0,)
-        self._row_ids = itertools.count(int(max_row) + 1)
-        state = WriterState(
-            dest_ids={},
-            live=set(),
-            last_seq={},
-            next_dest_id=max((int(r[0]) for r in rows), default=0) + 1,
-            next_dedup_pos=int(max_pos) + 1,
-            dedup_pos={},
-            dedup_window=self.dedup_window,
-        )
-        destinations = []
-        for dest_id, name, live, last_seq, mark in rows:
-            state.dest_ids[name] = dest_id
-            if not live:
-                continue
-            state.live.add(name)
-            state.last_seq[name] = last_seq
-            window = self._dedup_window(conn, dest_id)
-            state.dedup_pos[name] = deque(pos for pos, _ in window)
-            count, size = counts.get(dest_id, (0, 0))
-            destinations.append(
-                RecoveredDestination(
-                    name=name,
-                    last_seq=int(last_seq),
-                    message_count=int(count),
-                    message_bytes=int(size),
-                    dispatch_mark=int(mark),
-                    dedup_ids=[dedup_id for _, dedup_id in window],
-                )
-            )
-        subscriptions = [
-            RecoveredSubscription(client_id, name, destination, selector, int(cursor))
-            for client_id, name, destination, selector, cursor in conn.execute(
-                "SELECT client_id, name, destination, selector, cursor FROM subscriptions"
-            )
-        ]
-        return Recovery(destinations, subscriptions, report), state
-
-    def _dedup_window(self, conn: psycopg.Connection[Any], dest_id: int) -> list[tuple[int, str]]:
-        """The newest ids of a destination's window, oldest first; older rows are deleted."""
-        if self.dedup_window <= 0:
-            conn.execute("DELETE FROM dedup_ids WHERE dest_id = %s", (dest_id,))
-            return []
-        newest = conn.execute(
-            "SELECT pos, dedup_id FROM dedup_ids WHERE dest_id = %s ORDER BY pos DESC LIMIT %s",
-            (dest_id, self.dedup_window),
-        ).fetchall()
-        if newest:
-            conn.execute(
-                "DELETE FROM dedup_ids WHERE dest_id = %s AND pos < %s", (dest_id, newest[-1][0])
-            )
-        return [(int(pos), str(dedup_id)) for pos, dedup_id in reversed(newest)]
 
     def close(self) -> None:
         """Write what is queued (and the durable cursors), then close both connections."""
@@ -311,7 +234,7 @@ class PostgresStore:
             if not entries:
                 del self._adds[destination]
 
-    def _show(self, destination: str, entry: _Entry) -> None:
+    def _show(self, destination: str, entry: Shown) -> None:
         entries = self._adds.get(destination)
         if entries is None:
             entries = self._adds[destination] = SortedDict()
@@ -354,7 +277,7 @@ class PostgresStore:
             nbytes=size,
         )
         if txid is None:
-            entry = _Entry(message.seq, row_id, size, message.timestamp_ms, op)
+            entry = Shown(message.seq, row_id, size, message.timestamp_ms, op)
             with self._lock:
                 self._show(message.destination, entry)
                 writer.submit(op)
@@ -409,157 +332,38 @@ class PostgresStore:
             writer.submit(op)
         return handle
 
-    def _snapshot(
-        self, destination: str, after_seq: int, want: int
-    ) -> tuple[list[_Entry], set[int], int]:
+    def _snapshot(self, destination: str, after_seq: int, want: int) -> Snapshot:
         """The overlay of a destination, enough of it for `want` messages after `after_seq`."""
         with self._lock:
             removed = set(self._removed.get(destination, ()))
             floor = self._floors.get(destination, (0, None))[0]
             entries = self._adds.get(destination)
-            shown: list[_Entry] = []
+            shown: list[Shown] = []
             if entries:
                 keys = entries.irange(minimum=after_seq + 1)
                 shown = [entries[s] for s in itertools.islice(keys, want + len(removed))]
-        return shown, removed, floor
+        return Snapshot(shown, removed, floor)
+
+    def _read_conn(self) -> ReadConn:
+        reader = self._reader
+        if reader is None:
+            raise StoreError("store is not open", safe_url(self.url))
+        return ReadConn(self._read_lock, reader)
 
     def load(
         self, destination: str, after_seq: int, max_count: int, max_bytes: int
     ) -> list[StoredMessage]:
-        """Messages after `after_seq`, ascending, within the budgets (at least one)."""
-        shown, removed, floor = self._snapshot(destination, after_seq, max_count)
-        picked: list[tuple[int, int, _Entry | None]] = []  # (seq, row id, overlay entry)
-        total = 0
-        ov = 0
+        """Messages after `after_seq`, ascending, within the budgets (at least one): the
+        overlay's snapshot first, then the database (see the module's docstring)."""
+        snap = self._snapshot(destination, after_seq, max_count)
         with self._read_conn() as conn:
-            cursor_seq = max(after_seq, floor)
-            done = cursor_seq >= _MAX_SEQ
-            rows: list[tuple[int, int, int]] = []
-            ri = 0
-            while len(picked) < max_count:
-                if ri == len(rows) and not done:
-                    rows = conn.execute(
-                        "SELECT seq, size, id FROM messages WHERE dest_id = "
-                        "(SELECT id FROM destinations WHERE name = %s) AND seq > %s "
-                        "ORDER BY seq LIMIT %s",
-                        (destination, cursor_seq, _META_ROWS),
-                    ).fetchall()
-                    ri = 0
-                    done = len(rows) < _META_ROWS
-                    if rows:
-                        cursor_seq = rows[-1][0]
-                next_db = rows[ri] if ri < len(rows) else None
-                next_ov = shown[ov] if ov < len(shown) else None
-                if next_db is None and next_ov is None:
-                    break
-                if next_ov is not None and (next_db is None or next_ov.seq <= next_db[0]):
-                    ov += 1
-                    if next_db is not None and next_db[0] == next_ov.seq:
-                        ri += 1
-                    seq, size, row_id, entry = next_ov.seq, next_ov.size, next_ov.row_id, next_ov
-                else:
-                    assert next_db is not None
-                    ri += 1
-                    seq, size, row_id = next_db
-                    entry = None
-                if seq in removed:
-                    continue
-                if picked and total + size > max_bytes:
-                    break
-                picked.append((seq, row_id, entry))
-                total += size
-            if not picked:
-                return []
-            return self._read_messages(conn, destination, picked)
-
-    def _read_conn(self) -> _ReadConn:
-        reader = self._reader
-        if reader is None:
-            raise StoreError("store is not open", safe_url(self.url))
-        return _ReadConn(self._read_lock, reader)
-
-    def _read_messages(
-        self,
-        conn: psycopg.Connection[Any],
-        destination: str,
-        picked: list[tuple[int, int, _Entry | None]],
-    ) -> list[StoredMessage]:
-        held: dict[int, StoredMessage] = {}
-        fetch: list[int] = []
-        for _seq, row_id, entry in picked:
-            message = entry.op.message if entry is not None else None
-            if message is not None:
-                held[row_id] = message
-            else:
-                fetch.append(row_id)
-        rows: dict[int, tuple[Any, ...]] = {}
-        chunked: list[int] = []
-        if fetch:
-            for row in conn.execute(
-                "SELECT id, message_id, timestamp_ms, expires_ms, priority, persistent, "
-                "headers, body, chunks FROM messages WHERE id = ANY(%s)",
-                (fetch,),
-            ):
-                rows[row[0]] = row
-                if row[8]:
-                    chunked.append(row[0])
-        bodies: dict[int, list[bytes]] = {}
-        if chunked:
-            for row_id, data in conn.execute(
-                "SELECT message, data FROM message_chunks WHERE message = ANY(%s) "
-                "ORDER BY message, n",
-                (chunked,),
-            ):
-                bodies.setdefault(row_id, []).append(data)
-        out: list[StoredMessage] = []
-        for seq, row_id, _entry in picked:
-            message = held.get(row_id)
-            if message is not None:
-                out.append(_copy(message, seq))
-                continue
-            row = rows.get(row_id)
-            if row is None:
-                continue  # removed since the page was picked
-            _, message_id, ts, expires, priority, persistent, headers, body, chunks = row
-            if chunks:
-                parts = bodies.get(row_id, [])
-                if len(parts) != chunks:
-                    raise StoreError(
-                        f"message {seq} of {destination}: {len(parts)} of {chunks} chunks stored"
-                    )
-                body = b"".join(parts)
-            out.append(
-                StoredMessage(
-                    destination,
-                    seq,
-                    message_id,
-                    ts,
-                    decode_headers(headers, f"message {seq} of {destination}"),
-                    bytes(body),
-                    expires_ms=expires,
-                    priority=priority,
-                    persistent=persistent,
-                )
-            )
-        return out
+            return read_page(conn, destination, snap, after_seq, max_count, max_bytes)
 
     def first_seq(self, destination: str, at_or_after_ms: int = 0) -> int:
         """Lowest stored sequence, or the first stamped at or after `at_or_after_ms` (0 if none)."""
-        shown, removed, floor = self._snapshot(destination, 0, 1 << 30)
-        best = 0
-        for entry in shown:
-            if entry.seq not in removed and entry.timestamp_ms >= at_or_after_ms:
-                best = entry.seq
-                break
+        snap = self._snapshot(destination, 0, 1 << 30)
         with self._read_conn() as conn:
-            row = conn.execute(
-                "SELECT seq FROM messages WHERE dest_id = "
-                "(SELECT id FROM destinations WHERE name = %s) AND seq > %s "
-                "AND timestamp_ms >= %s AND seq <> ALL(%s) AND (%s = 0 OR seq < %s) "
-                "ORDER BY seq LIMIT 1",
-                (destination, floor, at_or_after_ms, sorted(removed), best, best),
-            ).fetchone()
-        return int(row[0]) if row is not None else best
+            return first_seq(conn, destination, snap, at_or_after_ms)
 
     # -- transactions ----------------------------------------------------------------------------
 
@@ -598,7 +402,7 @@ class PostgresStore:
                     continue
                 op.commit_adds.append((add, seq))
                 self._show(
-                    add.destination, _Entry(seq, add.row_id, add.size, add.timestamp_ms, add.op)
+                    add.destination, Shown(seq, add.row_id, add.size, add.timestamp_ms, add.op)
                 )
             for destination, seq in tx.removes:
                 self._removed.setdefault(destination, {})[seq] = op
@@ -640,7 +444,7 @@ class PostgresStore:
         for tx in self._txs.values():
             tx.removes = [(name, seq) for name, seq in tx.removes if name != destination]
         with self._lock:
-            self._set_floor(destination, _MAX_SEQ, op)
+            self._set_floor(destination, MAX_SEQ, op)
             writer.submit(op)
         return handle
 
@@ -679,23 +483,6 @@ class PostgresStore:
         return StoreView("postgres", f"{safe_url(self.url)} schema {self.schema}")
 
 
-class _ReadConn:
-    """The read connection, held for one read; a database error becomes a StoreError."""
-
-    def __init__(self, lock: threading.Lock, conn: psycopg.Connection[Any]) -> None:
-        self._lock = lock
-        self._conn = conn
-
-    def __enter__(self) -> psycopg.Connection[Any]:
-        self._lock.acquire()
-        return self._conn
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        self._lock.release()
-        if isinstance(exc, psycopg.Error):
-            raise StoreError(f"postgres read failed: {exc}") from exc
-
-
 def _cancellable(op: Op) -> bool:
     handle = op.handle
     return (
@@ -706,19 +493,4 @@ def _cancellable(op: Op) -> bool:
         and op.message is not None
         # An add with a dedup id is written anyway: its id must reach the persisted window.
         and not op.message.headers.get(DEDUP_HEADER)
-    )
-
-
-def _copy(message: StoredMessage, seq: int) -> StoredMessage:
-    """A stored message as a read hands it out: its own object, as one read from the database."""
-    return StoredMessage(
-        message.destination,
-        seq,
-        message.message_id,
-        message.timestamp_ms,
-        dict(message.headers),
-        message.body,
-        expires_ms=message.expires_ms,
-        priority=message.priority,
-        persistent=message.persistent,
     )
