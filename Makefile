@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP_RUN := $(VENV)/.installed
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest setup clean java
+.PHONY: run test lint typecheck pytest setup clean java postgres
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -17,9 +17,10 @@ $(STAMP_RUN): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e .
 	touch $(STAMP_RUN)
 
-# Everything the tests need: ruff, mypy, pytest, stomp.py, and the Spark connector's pyspark.
+# Everything the tests need: ruff, mypy, pytest, stomp.py, the Spark connector's pyspark, and
+# psycopg for the PostgreSQL store.
 $(STAMP_DEV): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,postgres]'
 	touch $(STAMP_DEV) $(STAMP_RUN)
 
 # Spark (the connector's tests) needs a JDK 17+; install one from Debian when none is on PATH.
@@ -28,6 +29,13 @@ java:
 		echo "installing a JDK for Spark"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			--no-install-recommends openjdk-17-jre-headless >/dev/null; }
+
+# The PostgreSQL store's tests start throwaway servers with Debian's initdb and pg_ctl.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		echo "installing PostgreSQL for the store tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends postgresql >/dev/null; }
 
 setup: $(STAMP_DEV)
 
@@ -41,7 +49,7 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-pytest: setup java
+pytest: setup java postgres
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
