@@ -473,6 +473,11 @@ class PostgresStore:
 
     # -- numbers ---------------------------------------------------------------------------------
 
+    @property
+    def writer_backend_pid(self) -> int:
+        """The server process of the writer's connection (`pg_stat_activity.pid`)."""
+        return int(self._w.conn.info.backend_pid)
+
     def stats(self) -> StoreStats:
         """A snapshot of the store's numbers (no disk of its own: `disk_free_bytes` is -1)."""
         with self._lock:

@@ -111,7 +111,7 @@ class _Statements:
                 cur.executemany(query, rows)
 
 
-_INSERT_DEST = "INSERT INTO destinations (id, name, live) VALUES (%s, %s, true)"
+_INSERT_DEST = "INSERT INTO destinations (id, name, live) VALUES (%s, %s, %s)"
 _REVIVE_DEST = "UPDATE destinations SET live = true WHERE id = %s"
 _INSERT_MSG = (
     "INSERT INTO messages (id, dest_id, seq, txno, message_id, timestamp_ms, expires_ms, "
@@ -294,16 +294,19 @@ class Writer:
 
     # -- ops into SQL ----------------------------------------------------------------------------
 
-    def _dest(self, destination: str, statements: _Statements) -> int:
-        """The destination's row id, created (or made live again) in this batch if needed."""
+    def _dest(self, destination: str, statements: _Statements, *, live: bool = True) -> int:
+        """The destination's row id, created (or made live again) in this batch if needed. A
+        transacted add needs the row (`live=False`) but makes no destination before its
+        commit."""
         state = self.state
         dest_id = state.dest_ids.get(destination)
         if dest_id is None:
             dest_id = state.dest_ids[destination] = state.next_dest_id
             state.next_dest_id += 1
-            statements.add(_INSERT_DEST, (dest_id, destination))
-            state.live.add(destination)
-        elif destination not in state.live:
+            statements.add(_INSERT_DEST, (dest_id, destination, live))
+            if live:
+                state.live.add(destination)
+        elif live and destination not in state.live:
             statements.add(_REVIVE_DEST, (dest_id,))
             state.live.add(destination)
         return dest_id
@@ -338,7 +341,7 @@ class Writer:
         if kind is OpKind.ADD:
             message = op.message
             assert message is not None
-            dest_id = self._dest(op.destination, statements)
+            dest_id = self._dest(op.destination, statements, live=not op.txno)
             body = message.body
             inline = len(body) <= CHUNK_BYTES
             statements.add(
