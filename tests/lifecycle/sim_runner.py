@@ -110,7 +110,7 @@ class Runner:
         # Removes nobody waits for and cursor moves are written without a sync of their own.
         self.lazy_acks = (
             self.journal and life.config.sync is SyncPolicy.ALWAYS and not life.config.sync_acks
-        )
+        ) or (self.postgres and not life.config.sync_acks)
         self.fs = FaultFS(self.root, workdir / "image")
         self.model = Model(life.config.dedup_window, trim_windows=Known.LONG_DEDUP_WINDOW in known)
         self.sink = Sink(hold=self.journal or self.postgres)
@@ -474,7 +474,10 @@ class Runner:
         if self.postgres:
             assert self.pg is not None
             store = PostgresStore(
-                self.pg.url, schema=self.schema, dedup_window=self.life.config.dedup_window
+                self.pg.url,
+                schema=self.schema,
+                dedup_window=self.life.config.dedup_window,
+                sync_acks=self.life.config.sync_acks,
             )
         elif self.journal:
             # What earlier runs wrote counts as on disk from now on.
@@ -597,6 +600,8 @@ class Runner:
             assert self.pg is not None
             self.note("    crashed, the server too: pg_ctl -m immediate, start")
             self.pg.restart()
+            # Lazy removes and cursor moves not yet flushed from the server's WAL buffers.
+            self.model.lose_unsynced()
         else:
             self.note("    crashed: the store dropped without close")
         self.pg_crash = 0

@@ -239,3 +239,28 @@ def test_a_broker_on_postgres_keeps_receipted_messages_through_a_kill(
         with contextlib.suppress(Exception):
             broker.stop()
     assert _sql(pg_server, schema, "SELECT count(*) FROM messages") == [(0,)]
+
+
+@pytest.mark.parametrize("sync_acks", [False, True])
+def test_removes_nobody_waits_for_commit_without_a_flush_unless_sync_acks(
+    pg_server: PgServer, schema: str, sync_acks: bool
+) -> None:
+    harness = Harness(
+        "postgres", lambda: PostgresStore(pg_server.url(), schema=schema, sync_acks=sync_acks)
+    )
+    harness.open()
+    try:
+        harness.track(harness.s.add(msg(Q, 1), None))
+        harness.settle()
+        syncs = harness.s.stats().syncs
+        harness.track(harness.s.remove(Q, 1))  # an ack without a receipt
+        harness.settle()
+        assert harness.s.stats().syncs == syncs + (1 if sync_acks else 0)
+        waited = harness.track(harness.s.add(msg(Q, 2), None))
+        harness.settle()
+        assert waited.state is WriteState.WRITTEN
+        assert harness.s.stats().syncs == syncs + (2 if sync_acks else 1)
+        harness.reopen()
+        assert [m.seq for m in harness.s.load(Q, 0, 10, 1 << 20)] == [2]
+    finally:
+        harness.close()

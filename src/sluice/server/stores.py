@@ -75,5 +75,8 @@ def _postgres_store(config: Config) -> MessageStore:
             "the PostgreSQL store needs psycopg: pip install 'sluice[postgres]'"
         ) from exc
     return PostgresStore(
-        config.store.url, schema=config.store.schema, dedup_window=config.limits.dedup_window
+        config.store.url,
+        schema=config.store.schema,
+        dedup_window=config.limits.dedup_window,
+        sync_acks=config.store.sync_acks,
     )

@@ -29,10 +29,11 @@ def recover(
     rows = conn.execute(
         "SELECT id, name, live, last_seq, dispatch_mark FROM destinations"
     ).fetchall()
+    # A destination's last sequence is its highest row's, or the one written when rows went.
     counts = {
-        dest_id: (count, size)
-        for dest_id, count, size in conn.execute(
-            "SELECT dest_id, count(*), coalesce(sum(size), 0) FROM messages "
+        dest_id: (count, size, top)
+        for dest_id, count, size, top in conn.execute(
+            "SELECT dest_id, count(*), coalesce(sum(size), 0), max(seq) FROM messages "
             "WHERE seq IS NOT NULL GROUP BY dest_id"
         )
     }
@@ -48,15 +49,16 @@ def recover(
         dedup_window=dedup_window,
     )
     destinations = []
-    for dest_id, name, live, last_seq, mark in rows:
+    for dest_id, name, live, written_seq, mark in rows:
         state.dest_ids[name] = dest_id
         if not live:
             continue
         state.live.add(name)
+        count, size, top = counts.get(dest_id, (0, 0, 0))
+        last_seq = max(int(written_seq), int(top))
         state.last_seq[name] = last_seq
         window = _dedup_window(conn, dest_id, dedup_window)
         state.dedup_pos[name] = deque(pos for pos, _ in window)
-        count, size = counts.get(dest_id, (0, 0))
         destinations.append(
             RecoveredDestination(
                 name=name,

@@ -86,8 +86,12 @@ class PostgresStore:
         *,
         schema: str = DEFAULT_SCHEMA,
         dedup_window: int = DEFAULT_DEDUP_WINDOW,
+        sync_acks: bool = False,
     ) -> None:
         self.url = url
+        # False: removes nobody waits for and cursor moves commit without waiting for the WAL
+        # flush when a batch holds nothing else (`[store] sync_acks`, as with the journal).
+        self.sync_acks = sync_acks
         self.schema = schema
         self.dedup_window = dedup_window
         self._lock = threading.Lock()
@@ -143,6 +147,7 @@ class PostgresStore:
             sink=sink,
             on_written=self._written,
             on_failed=self._failed,
+            lazy_acks=not self.sync_acks,
         )
         self._writer.start()
         log.info(
@@ -306,6 +311,7 @@ class PostgresStore:
                 writer.submit(Op(OpKind.NOTHING, handle))
             return handle
         op = Op(OpKind.REMOVE, handle, destination=destination, seq=seq)
+        op.lazy = on_complete is None
         with self._lock:
             entries = self._adds.get(destination)
             entry = entries.get(seq) if entries is not None else None

@@ -89,6 +89,8 @@ class Op:
     commit_removes: list[tuple[str, int]] = field(default_factory=list)
     subscription: RecoveredSubscription | None = None
     nbytes: int = 0
+    # A remove nobody waits for (an ack without a receipt): its batch alone need not be synced.
+    lazy: bool = False
 
 
 class _Statements:
@@ -139,6 +141,7 @@ _SUB_PUT = (
     "destination = excluded.destination, selector = excluded.selector, cursor = excluded.cursor"
 )
 _SUB_DELETE = "DELETE FROM subscriptions WHERE client_id = %s AND name = %s"
+_ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off"
 _SUB_CURSOR = "UPDATE subscriptions SET cursor = %s WHERE client_id = %s AND name = %s"
 
 
@@ -169,8 +172,11 @@ class Writer:
         sink: CompletionSink,
         on_written: Callable[[Sequence[Op]], None],
         on_failed: Callable[[Sequence[Op]], None],
+        lazy_acks: bool = True,
     ) -> None:
         self.conn = conn
+        # Batches of lazy removes and cursor moves alone commit without waiting for the flush.
+        self.lazy_acks = lazy_acks
         self.state = state
         self.lock = lock
         self.cond = threading.Condition(lock)
@@ -259,24 +265,34 @@ class Writer:
             self._fail(batch, handles, self.failed)
             return
         statements = _Statements()
-        touched: dict[str, int] = {}
+        writes = [op for op in batch if op.kind is not OpKind.NOTHING]
+        # Nobody waits for these to be durable: the commit does not wait for the WAL flush; the
+        # next synchronous commit (or the WAL writer, within a fraction of a second) covers it.
+        lazy = self.lazy_acks and bool(writes or cursors) and not any(map(_needs_sync, batch))
+        if lazy:
+            statements.add(_ASYNC_COMMIT, ())
+        touched: set[str] = set()
         records = 0
         for op in batch:
             if op.handle is not None and op.handle.state is WriteState.CANCELLED:
                 if op.kind is OpKind.ADD and not op.txno:
-                    self._bump(op.destination, op.seq, statements, touched)
+                    self._bump(op.destination, op.seq, statements)
+                    touched.add(op.destination)
                 continue
             if op.kind is not OpKind.NOTHING:
                 self._statements(op, statements, touched)
                 records += 1
         for (client_id, name), seq in cursors.items():
             statements.add(_SUB_CURSOR, (seq, client_id, name))
-        for destination, seq in touched.items():
-            statements.add(_LAST_SEQ, (seq, self.state.dest_ids[destination]))
+        for destination in touched:
+            if destination in self.state.live:
+                seq = self.state.last_seq.get(destination, 0)
+                statements.add(_LAST_SEQ, (seq, self.state.dest_ids[destination]))
         try:
-            with self.conn.cursor() as cur:
+            # One round trip for the whole batch and its COMMIT.
+            with self.conn.pipeline(), self.conn.cursor() as cur:
                 statements.run(cur)
-            self.conn.commit()
+                self.conn.commit()
         except (psycopg.Error, OSError) as exc:
             log.error("postgres: a batch of %d writes failed; the store stops: %s", len(batch), exc)
             self._set_failed(exc)
@@ -288,7 +304,7 @@ class Writer:
                     handle.state = WriteState.WRITTEN
             self.stats.written_records += records + len(cursors)
             self.stats.batches += 1
-            self.stats.syncs += 1
+            self.stats.syncs += 0 if lazy else 1
             self._on_written(batch)
         self._deliver(handles)
 
@@ -311,12 +327,12 @@ class Writer:
             state.live.add(destination)
         return dest_id
 
-    def _bump(
-        self, destination: str, seq: int, statements: _Statements, touched: dict[str, int]
-    ) -> None:
+    def _bump(self, destination: str, seq: int, statements: _Statements) -> None:
+        """The destination's last sequence is at least `seq` (a row with it, or a write that
+        leaves none, which then persists the number: see `touched` in `_process`)."""
         self._dest(destination, statements)
         if seq > self.state.last_seq.get(destination, 0):
-            self.state.last_seq[destination] = touched[destination] = seq
+            self.state.last_seq[destination] = seq
 
     def _dedup(self, destination: str, dedup_id: str, statements: _Statements) -> None:
         state = self.state
@@ -335,7 +351,9 @@ class Writer:
                 window.popleft()
             statements.add(_TRIM_DEDUP, (dest_id, window[0]))
 
-    def _statements(self, op: Op, statements: _Statements, touched: dict[str, int]) -> None:
+    def _statements(self, op: Op, statements: _Statements, touched: set[str]) -> None:
+        """The SQL of one op. `touched`: destinations whose last sequence the batch must write,
+        because it deletes rows (the highest sequence may go with them)."""
         state = self.state
         kind = op.kind
         if kind is OpKind.ADD:
@@ -366,21 +384,23 @@ class Writer:
                 for n, chunk in enumerate(chunks_of(body)):
                     statements.add(_INSERT_CHUNK, (op.row_id, n, chunk))
             if not op.txno:
-                self._bump(op.destination, op.seq, statements, touched)
+                self._bump(op.destination, op.seq, statements)
                 self._dedup(op.destination, message.headers.get(DEDUP_HEADER, ""), statements)
         elif kind is OpKind.REMOVE:
             dest_id_or_none = state.dest_ids.get(op.destination)
             if dest_id_or_none is not None:
                 statements.add(_REMOVE, (dest_id_or_none, op.seq))
+                touched.add(op.destination)
         elif kind is OpKind.REMOVE_RANGE:
             dest_id = self._dest(op.destination, statements)
             statements.add(_REMOVE_RANGE, (dest_id, op.seq))
+            touched.add(op.destination)
         elif kind is OpKind.COMMIT:
             ids, seqs = [], []
             for add, seq in op.commit_adds:
                 ids.append(add.row_id)
                 seqs.append(seq)
-                self._bump(add.destination, seq, statements, touched)
+                self._bump(add.destination, seq, statements)
                 self._dedup(add.destination, add.dedup_id, statements)
             if ids:
                 statements.add(_COMMIT_TX, (ids, seqs))
@@ -388,6 +408,7 @@ class Writer:
                 dest_id_or_none = state.dest_ids.get(destination)
                 if dest_id_or_none is not None:
                     statements.add(_REMOVE, (dest_id_or_none, seq))
+                    touched.add(destination)
         elif kind is OpKind.ABORT:
             statements.add(_ABORT_TX, (op.txno,))
         elif kind is OpKind.MARK:
@@ -402,7 +423,7 @@ class Writer:
                 state.live.discard(op.destination)
                 state.last_seq.pop(op.destination, None)
                 state.dedup_pos.pop(op.destination, None)
-                touched.pop(op.destination, None)
+                touched.discard(op.destination)
         elif kind is OpKind.SUB_PUT:
             sub = op.subscription
             assert sub is not None
@@ -442,3 +463,15 @@ class Writer:
                     handle.error = error
             self._on_failed(batch)
         self._deliver(handles)
+
+
+def _needs_sync(op: Op) -> bool:
+    """Whether someone waits for this op to be durable: anything but a lazy remove, a handle
+    completed before the batch (a cancelled add and its remove, an empty commit) or a
+    handle-less op that writes nothing."""
+    handle = op.handle
+    if op.lazy or (handle is not None and handle.state is WriteState.CANCELLED):
+        return False
+    if op.kind is OpKind.NOTHING:
+        return handle is not None and handle.state is WriteState.TAKEN
+    return True
