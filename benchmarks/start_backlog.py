@@ -41,7 +41,6 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from pgserver import PgServer  # noqa: E402
-
 from sluice.client import Client  # noqa: E402
 from sluice.config import MiB, StoreConfig  # noqa: E402
 from sluice.store.api import MessageStore, StoredMessage, WriteHandle  # noqa: E402

@@ -227,22 +227,33 @@ class Writer:
 
     def _run(self) -> None:
         try:
-            while True:
-                with self.cond:
-                    while not (self.queue or self.cursors or self._closing):
-                        self.cond.wait()
-                    if self._abandoned:
-                        return
-                    batch = self._take()
-                    cursors, self.cursors = self.cursors, {}
-                    finishing = self._closing and not self.queue
-                if batch or cursors:
-                    self._process(batch, cursors)
-                if finishing:
-                    return
+            # Pipeline mode for the thread's life: a batch's statements and its COMMIT go in one
+            # round trip (leaving the mode after each batch would cost another).
+            with self.conn.pipeline():
+                self._loop()
+        except (psycopg.Error, OSError) as exc:
+            # Leaving pipeline mode on a connection that is gone: the store failed already.
+            if self.failed is None:
+                log.error("postgres writer: %s", exc)
+                self._set_failed(exc)
         except BaseException as exc:  # the thread's boundary: fail loudly, never silently stop
             log.exception("postgres writer failed")
             self._set_failed(exc)
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not (self.queue or self.cursors or self._closing):
+                    self.cond.wait()
+                if self._abandoned:
+                    return
+                batch = self._take()
+                cursors, self.cursors = self.cursors, {}
+                finishing = self._closing and not self.queue
+            if batch or cursors:
+                self._process(batch, cursors)
+            if finishing:
+                return
 
     def _take(self) -> list[Op]:
         batch: list[Op] = []
@@ -289,10 +300,11 @@ class Writer:
                 seq = self.state.last_seq.get(destination, 0)
                 statements.add(_LAST_SEQ, (seq, self.state.dest_ids[destination]))
         try:
-            # One round trip for the whole batch and its COMMIT.
-            with self.conn.pipeline(), self.conn.cursor() as cur:
+            # One round trip for the whole batch and its COMMIT (the connection is in pipeline
+            # mode: the commit sends everything and waits for the results).
+            with self.conn.cursor() as cur:
                 statements.run(cur)
-                self.conn.commit()
+            self.conn.commit()
         except (psycopg.Error, OSError) as exc:
             log.error("postgres: a batch of %d writes failed; the store stops: %s", len(batch), exc)
             self._set_failed(exc)
