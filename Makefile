@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP_RUN := $(VENV)/.installed
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest setup clean java browser
+.PHONY: run test lint typecheck pytest setup clean java browser postgres
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -17,9 +17,10 @@ $(STAMP_RUN): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e .
 	touch $(STAMP_RUN)
 
-# Everything the tests need: ruff, mypy, pytest, stomp.py, and the Spark connector's pyspark.
+# Everything the tests need: ruff, mypy, pytest, stomp.py, the Spark connector's pyspark, and
+# psycopg for the PostgreSQL store.
 $(STAMP_DEV): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,postgres]'
 	touch $(STAMP_DEV) $(STAMP_RUN)
 
 # Spark (the connector's tests) needs a JDK 17+; install one from Debian when none is on PATH.
@@ -42,6 +43,13 @@ JS := tests/browser/js
 $(JS)/node_modules/.package-lock.json: $(JS)/package.json $(JS)/package-lock.json | browser
 	cd $(JS) && npm ci --no-audit --no-fund --loglevel=error
 
+# The PostgreSQL store's tests start throwaway servers with Debian's initdb and pg_ctl.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		echo "installing PostgreSQL for the store tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends postgresql >/dev/null; }
+
 setup: $(STAMP_DEV)
 
 run: $(STAMP_RUN)
@@ -54,7 +62,7 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-pytest: setup java browser $(JS)/node_modules/.package-lock.json
+pytest: setup java postgres browser $(JS)/node_modules/.package-lock.json
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest

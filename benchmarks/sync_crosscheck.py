@@ -27,6 +27,12 @@ command, each result, and the medians; writes every record to `--out`.
         --producers 4 --size 1024 --count 25000     # 4 producers, 4 consumers, msg/s delivered
     .venv/bin/python benchmarks/sync_crosscheck.py --kind throughput --producers 1 \\
         --size 1048576 --receipt-every 1 --max-receipts 4 --prefetch 8 --count 300
+    .venv/bin/python benchmarks/sync_crosscheck.py --runs 3 --generators bench \\
+        --brokers sluice,sluice-postgres,activemq-jdbc   # the PostgreSQL stores (as root)
+
+`sluice-postgres` (Sluice on its PostgreSQL store) and `activemq-jdbc` (ActiveMQ's JDBC
+persistence adapter) share one PostgreSQL server started for the run (`compare/pgbrokers.py`),
+each start on a new database.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from compare.brokers import Broker, BrokerError, make_brokers
+from compare.pgbrokers import PG_BROKER_NAMES, PgDatabases, PgServer, make_pg_broker
 from compare.procs import TaskCap, run_command
 
 HERE = Path(__file__).resolve().parent
@@ -291,14 +298,39 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The Sluice broker started here runs this checkout, as the generators do.
     os.environ["PYTHONPATH"] = str(REPO / "src")
+    # The management API on a free port: another broker on this machine may hold 8161.
+    os.environ.setdefault("SLUICE_HTTP__PORT", "0")
     known = GENERATORS + EXTRA_GENERATORS
     unknown = [g for g in args.generators if g not in known]
     if unknown:
         parser.error(f"unknown generator(s) {unknown}; known: {', '.join(known)}")
-    brokers = make_brokers(args.brokers, REPO)
+    pg_server = None
+    if set(args.brokers) & set(PG_BROKER_NAMES):
+        pg_server = PgServer()
+        pg_server.init()
+        pg_server.start()
+    try:
+        return _run(args, pg_server)
+    finally:
+        if pg_server is not None:
+            pg_server.destroy()
+
+
+def _run(args: argparse.Namespace, pg_server: PgServer | None) -> int:
+    databases = PgDatabases(pg_server) if pg_server is not None else None
+    brokers: list[Broker] = []
+    for name in args.brokers:
+        if name in PG_BROKER_NAMES:
+            assert databases is not None
+            brokers.append(make_pg_broker(name, databases))
+        else:
+            brokers += make_brokers([name], REPO)
     for broker in brokers:
         print(broker.install(Path(tempfile.gettempdir()) / f"crosscheck-{broker.name}.log"))
     session: dict[str, Any] = {"argv": sys.argv, "machine_before": _machine(), "records": []}
+    if databases is not None:
+        session["postgres"] = databases.describe()
+        print("postgres:", json.dumps(session["postgres"]), flush=True)
     print("machine:", json.dumps(session["machine_before"]), flush=True)
     work = Path(tempfile.mkdtemp(prefix="sluice-crosscheck-"))
     try:

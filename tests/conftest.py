@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import uvloop
 
+from pgserver import PgServer, unavailable_reason
 from sluice import config as config_mod
 from sluice.server.listener import BrokerServer
 from sluice.server.stores import open_stores
@@ -38,6 +39,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=0.0,
         help="lifecycle simulations (with --run-slow): run random seeds for this many minutes",
     )
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """A PostgreSQL server of this test session (skips with the reason when none can start)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    server = PgServer()
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.destroy()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

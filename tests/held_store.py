@@ -4,6 +4,7 @@ and whatever waits on a write stay pending as long as the test wants."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from sluice.store.api import CompletionSink, Recovery, WriteHandle
@@ -12,11 +13,11 @@ from sluice.store.memory import MemoryStore
 
 class HeldStore(MemoryStore):
     """The memory store, except that while `holding` its completions wait for `release()`.
-    With `pages_to_disk` the broker pages to it as it would to the journal."""
+    With `pages_to_disk` (in its capabilities) the broker pages to it as it would to the journal."""
 
     def __init__(self, *, pages_to_disk: bool = False) -> None:
         super().__init__()
-        self.pages_to_disk = pages_to_disk
+        self.capabilities = dataclasses.replace(self.capabilities, pages_to_disk=pages_to_disk)
         self.holding = False
         self._held: list[WriteHandle] = []
         self._deliver: CompletionSink | None = None

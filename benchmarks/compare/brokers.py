@@ -131,7 +131,7 @@ class SluiceBroker(Broker):
         data_dir.mkdir(parents=True)
         self.log_path = data_dir.parent / f"{data_dir.name}.sluice.log"
         started = time.monotonic()
-        args = [str(self.executable), "broker", "--store", "journal", "--data", str(data_dir)]
+        args = [str(self.executable), "broker", *self.store_args(data_dir)]
         args += ["--stomp", "127.0.0.1:0"]
         with self.log_path.open("wb") as sink:
             self.proc = subprocess.Popen(
@@ -155,6 +155,10 @@ class SluiceBroker(Broker):
             time.sleep(_POLL_S)
         self.stop()
         raise BrokerError(f"sluice broker did not listen within {_SLUICE_START_S:g} s")
+
+    def store_args(self, data_dir: Path) -> list[str]:
+        """The store flags of `sluice broker` (the journal in `data_dir`)."""
+        return ["--store", "journal", "--data", str(data_dir)]
 
     def stop(self) -> None:
         proc = self.proc

@@ -15,7 +15,10 @@
 #
 # Environment: ACTIVEMQ_HEAP (default 1g), ACTIVEMQ_START_TIMEOUT (seconds, default 90),
 # ACTIVEMQ_STOP_GRACE (seconds before KILL, default 30), JAVA (default: java on PATH),
-# PEER_PYTHON (python used for the readiness probe).
+# PEER_PYTHON (python used for the readiness probe), ACTIVEMQ_JDBC_URL (a JDBC URL such as
+# jdbc:postgresql://127.0.0.1:5432/amq?user=sluice: the JDBC persistence adapter on that
+# PostgreSQL database, through Debian's libpostgresql-jdbc-java and commons-dbcp, instead of
+# KahaDB).
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=common.sh
@@ -51,6 +54,12 @@ cmd_install() {
         installed_here=1
     fi
     command -v "${JAVA:-java}" >/dev/null || apt_install default-jre-headless
+    # The JDBC store's driver and connection pool (lib/optional links to the pool's jars).
+    if [[ -n "${ACTIVEMQ_JDBC_URL:-}" ]]; then
+        for pkg in libpostgresql-jdbc-java libcommons-dbcp-java libcommons-pool-java; do
+            pkg_installed "$pkg" || apt_install "$pkg"
+        done
+    fi
     # The package ships an init script that starts the instances in
     # /etc/activemq/instances-enabled (none by default). Only our private instances may run.
     local pidfiles=(/var/run/activemq/*.pid)
@@ -59,6 +68,30 @@ cmd_install() {
         disable_system_service activemq
     fi
     amq_version
+}
+
+# KahaDB, or with ACTIVEMQ_JDBC_URL the JDBC adapter (its tables created at start; the database
+# lock kept, as ActiveMQ's default).
+persistence_adapter() {
+    local dir=$1
+    if [[ -n "${ACTIVEMQ_JDBC_URL:-}" ]]; then
+        echo '<jdbcPersistenceAdapter dataSource="#jdbc-store" createTablesOnStartup="true"/>'
+    else
+        echo "<kahaDB directory=\"$dir/data/kahadb\" journalDiskSyncStrategy=\"always\"/>"
+    fi
+}
+
+# The pooled DataSource of ActiveMQ's JDBC example (commons-dbcp, from lib/optional).
+data_source_bean() {
+    [[ -n "${ACTIVEMQ_JDBC_URL:-}" ]] || return 0
+    cat <<EOF
+  <bean id="jdbc-store" class="org.apache.commons.dbcp.BasicDataSource" destroy-method="close">
+    <property name="driverClassName" value="org.postgresql.Driver"/>
+    <property name="url" value="${ACTIVEMQ_JDBC_URL//&/&amp;}"/>
+    <property name="maxActive" value="64"/>
+    <property name="poolPreparedStatements" value="true"/>
+  </bean>
+EOF
 }
 
 write_config() {
@@ -88,7 +121,7 @@ write_config() {
          is synced to disk before a persistent send is acknowledged); it is spelled out here only
          so the setting is visible. -->
     <persistenceAdapter>
-      <kahaDB directory="$dir/data/kahadb" journalDiskSyncStrategy="always"/>
+      $(persistence_adapter "$dir")
     </persistenceAdapter>
 
     <!-- The limits of ActiveMQ's own stock conf/activemq.xml for memory (70 % of the heap before
@@ -111,6 +144,7 @@ write_config() {
           uri="stomp+nio://127.0.0.1:$port?transport.tcpNoDelay=true"/>
     </transportConnectors>
   </broker>
+$(data_source_bean)
 </beans>
 EOF
     # The package logs through slf4j-log4j12 (log4j 1.2); conf/ is on the broker's classpath.
@@ -154,6 +188,13 @@ cmd_start() {
     echo "$port" >"$dir/port"
     amq_version
 
+    local jdbc_jar=''
+    if [[ -n "${ACTIVEMQ_JDBC_URL:-}" ]]; then
+        [[ -f /usr/share/java/postgresql.jar ]] ||
+            die "/usr/share/java/postgresql.jar missing: apt-get install libpostgresql-jdbc-java"
+        jdbc_jar=:/usr/share/java/postgresql.jar
+    fi
+
     cd "$dir"
     # --add-reads/--add-opens: as /usr/bin/activemq passes them on Java > 8.
     # -XX:-UsePerfData: no /tmp/hsperfdata_* file, so nothing is written outside DATA_DIR.
@@ -171,7 +212,7 @@ cmd_start() {
         --add-opens java.base/java.util.concurrent=ALL-UNNAMED \
         --add-opens java.base/java.util.concurrent.atomic=ALL-UNNAMED \
         "-Djava.io.tmpdir=$dir/tmp" \
-        "-Dactivemq.classpath=$dir/conf" \
+        "-Dactivemq.classpath=$dir/conf$jdbc_jar" \
         "-Dactivemq.home=$AMQ_HOME" \
         "-Dactivemq.base=$dir" \
         "-Dactivemq.conf=$dir/conf" \

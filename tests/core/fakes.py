@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -95,7 +96,7 @@ class FakeLink:
 def paging_store() -> MemoryStore:
     """A memory store the broker pages to as it would to the journal."""
     store = MemoryStore()
-    store.pages_to_disk = True  # type: ignore[misc]
+    store.capabilities = dataclasses.replace(store.capabilities, pages_to_disk=True)
     return store
 
 

@@ -18,7 +18,7 @@ from sluice.core.paging import Evicted
 from sluice.core.paging import pending_key as _key
 from sluice.core.picking import Place
 from sluice.core.queue import Queue
-from sluice.store.api import StoredMessage
+from sluice.store.api import StoreCapabilities, StoredMessage
 from sluice.store.memory import MemoryStore
 
 from .fakes import FakeLink, Harness
@@ -32,7 +32,7 @@ class _PagingStore(MemoryStore):
     """A memory store the broker pages to, which reads back copies as a disk store does (the
     plain memory store hands back the objects it was given)."""
 
-    pages_to_disk = True
+    capabilities = StoreCapabilities(pages_to_disk=True, durable=False, data_files=False)
 
     def load(
         self, destination: str, after_seq: int, max_count: int, max_bytes: int

@@ -82,6 +82,7 @@ class StoreKind(enum.Enum):
 
     MEMORY = "memory"
     JOURNAL = "journal"
+    POSTGRES = "postgres"
 
 
 def barrier_mark(_handle: WriteHandle) -> None:

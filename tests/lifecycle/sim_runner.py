@@ -24,11 +24,14 @@ from sluice.store.journal import tools
 from sluice.store.journal.files import list_files
 from sluice.store.journal.store import JournalStore
 from sluice.store.memory import MemoryStore
+from sluice.store.postgres.store import PostgresStore
 
 from .faultfs import FaultFS, FaultKind
 from .sim_events import (
     ALL_DESTS,
     JOURNAL_ONLY,
+    OPT_POWER,
+    OPT_TORN,
     Event,
     Kind,
     Life,
@@ -46,6 +49,7 @@ from .sim_harness import (
     store_frame,
 )
 from .sim_model import Mismatch, Model, Outcome
+from .sim_postgres import PgTarget, drop_schema, life_schema, terminate_backend
 
 WAIT_S = 20.0  # a step's handles must all complete within this
 FULL_DISK_WAIT_S = 0.5  # a writer waiting for space on a full disk gets it back after this
@@ -89,6 +93,7 @@ class Runner:
         trace: bool,
         known: frozenset[Known],
         make_memory: Callable[[int], MemoryStore],
+        pg: PgTarget | None = None,
     ) -> None:
         self.kind = kind
         self.life = life
@@ -97,14 +102,19 @@ class Runner:
         self.events = events
         self.root = workdir / "data"
         self.journal = kind is StoreKind.JOURNAL
+        self.postgres = kind is StoreKind.POSTGRES
+        self.pg = pg
+        self.schema = life_schema(life.seed) if self.postgres else ""
+        # The `opt` of a crash armed for the next event of a PostgreSQL life.
+        self.pg_crash = 0
         # Removes nobody waits for and cursor moves are written without a sync of their own.
         self.lazy_acks = (
             self.journal and life.config.sync is SyncPolicy.ALWAYS and not life.config.sync_acks
-        )
+        ) or (self.postgres and not life.config.sync_acks)
         self.fs = FaultFS(self.root, workdir / "image")
         self.model = Model(life.config.dedup_window, trim_windows=Known.LONG_DEDUP_WINDOW in known)
-        self.sink = Sink(hold=self.journal)
-        self.store: MemoryStore | JournalStore | None = None
+        self.sink = Sink(hold=self.journal or self.postgres)
+        self.store: MemoryStore | JournalStore | PostgresStore | None = None
         self.memory: MemoryStore | None = None
         self.result = LifeResult(life.seed, kind)
         self.tracing = trace
@@ -141,6 +151,8 @@ class Runner:
                     self.fail(Mismatch("exception", f"{type(exc).__name__}: {exc} ({where})"))
                 finally:
                     self.abandon()
+                    if self.postgres and self.pg is not None:
+                        drop_schema(self.pg.url, self.schema)
         finally:
             self.result.faults.update(self.fs.stats.injected)
             self.result.crashes = self.fs.stats.crashes
@@ -175,7 +187,9 @@ class Runner:
 
     def run_event(self, ev: Event) -> None:
         """One event, its fault bookkeeping, and the checks after it."""
-        if ev.kind in JOURNAL_ONLY and not self.journal:
+        # A PostgreSQL life crashes too (`sim_postgres`); the file-level events are the journal's.
+        pg_crash = self.postgres and ev.kind is Kind.CRASH
+        if ev.kind in JOURNAL_ONLY and not self.journal and not pg_crash:
             return
         handler = getattr(self, "_ev_" + ev.kind.name.lower())
         fired_before = self.fs.stats.injected.total()
@@ -196,6 +210,10 @@ class Runner:
         self.faults_since_open += len(fired)
         if fired:
             self.note(f"    faults {[(k.value, call, Path(p).name) for k, call, p in fired]}")
+        if self.crash_next and ev.kind is not Kind.CRASH and self.postgres:
+            self.crash_next = False
+            self.pg_crash_restart()
+            return
         if self.crash_next and ev.kind is not Kind.CRASH:
             self.crash_next = False
             if not self.fs.crashed():
@@ -264,7 +282,7 @@ class Runner:
     # -- steps -----------------------------------------------------------------------------------
 
     @property
-    def s(self) -> MemoryStore | JournalStore:
+    def s(self) -> MemoryStore | JournalStore | PostgresStore:
         """The open store."""
         assert self.store is not None
         return self.store
@@ -287,6 +305,11 @@ class Runner:
             self.barriers += 1
             barrier = store.commit(f"sim-barrier-{self.barriers}", [], barrier_mark)
             ops.append(Op(barrier, noop, writes=False))
+            if self.crash_next and self.pg_crash & OPT_TORN and isinstance(store, PostgresStore):
+                # The batch is queued and the writer held: the server ends its connection.
+                assert self.pg is not None
+                terminate_backend(self.pg.url, store.writer_backend_pid)
+                self.note("    the writer's connection terminated by the server")
             self.sink.release()
         self.result.steps += 1
         handles = [op.handle for op in ops]
@@ -447,8 +470,16 @@ class Runner:
 
     def open_store(self, *, exact: bool, repair: bool = False, retry: bool = True) -> None:
         """Open (recovering), hold the writer, and check what is stored against the model."""
-        store: MemoryStore | JournalStore
-        if self.journal:
+        store: MemoryStore | JournalStore | PostgresStore
+        if self.postgres:
+            assert self.pg is not None
+            store = PostgresStore(
+                self.pg.url,
+                schema=self.schema,
+                dedup_window=self.life.config.dedup_window,
+                sync_acks=self.life.config.sync_acks,
+            )
+        elif self.journal:
             # What earlier runs wrote counts as on disk from now on.
             self.fs.forget_unsynced()
             self.model.synced()
@@ -502,7 +533,7 @@ class Runner:
         if store is None:
             return False
         healthy = not self.failed() and self.faults_since_open == 0
-        if not self.journal:
+        if self.kind is StoreKind.MEMORY:
             for tx in self.model.txs.values():
                 store.abort(tx.txid)  # the core aborts them when their connections go
         fired_before = self.fs.stats.injected.total()
@@ -555,6 +586,25 @@ class Runner:
             self.model.lose_unsynced()
         self.crash_next = False
         self.fault_span = 0
+        self.model.drop_txs()
+        self.open_store(exact=False)
+
+    def pg_crash_restart(self) -> None:
+        """The broker process died (see `sim_postgres`): drop the store without closing it,
+        crash and restart the server too on a power loss, open again."""
+        store, self.store = self.store, None
+        if isinstance(store, PostgresStore):
+            self.sink.release()
+            store.abandon()
+        if self.pg_crash & OPT_POWER:
+            assert self.pg is not None
+            self.note("    crashed, the server too: pg_ctl -m immediate, start")
+            self.pg.restart()
+            # Lazy removes and cursor moves not yet flushed from the server's WAL buffers.
+            self.model.lose_unsynced()
+        else:
+            self.note("    crashed: the store dropped without close")
+        self.pg_crash = 0
         self.model.drop_txs()
         self.open_store(exact=False)
 

@@ -65,6 +65,7 @@ from .sim_harness import (
     workdir,
 )
 from .sim_model import Mismatch, TxAdd, fields_of
+from .sim_postgres import PgTarget
 from .sim_runner import COMPACT_MAX_ROUNDS, Runner
 
 DLQ_REASON = "x-dlq-reason"
@@ -319,6 +320,10 @@ class LifePlayer(Runner):
         self.restart()
 
     def _ev_crash(self, ev: Event) -> None:
+        if self.postgres:
+            self.pg_crash = ev.opt
+            self.crash_next = True
+            return
         torn = ((ev.uid * 37) % 100) / 100 if ev.opt & OPT_TORN else None
         self.fs.arm_crash(CrashPlan(ev.after, torn, bool(ev.opt & OPT_POWER)))
         self.crash_next = True
@@ -403,6 +408,7 @@ def run_life(
     trace: bool = False,
     known: frozenset[Known] = ALL_KNOWN,
     make_memory: Callable[[int], MemoryStore] = memory_store,
+    pg: PgTarget | None = None,
 ) -> LifeResult:
     """Play `life` (or the given events with its configuration) against a fresh store, stepping
     around the `known` issues. `make_memory` builds the memory store from the dedup window
@@ -413,7 +419,7 @@ def run_life(
         with workdir() as path:
             events = life.events if events is None else events
             runner = LifePlayer(
-                kind, life, events, path, trace=trace, known=known, make_memory=make_memory
+                kind, life, events, path, trace=trace, known=known, make_memory=make_memory, pg=pg
             )
             return runner.run()
     finally:
@@ -427,6 +433,7 @@ def shrink(
     budget_s: float,
     known: frozenset[Known] = ALL_KNOWN,
     make_memory: Callable[[int], MemoryStore] = memory_store,
+    pg: PgTarget | None = None,
 ) -> tuple[list[Event], int]:
     """A shorter event list that fails the same check (delta debugging: drop chunks, then single
     events, while the failure reproduces), within `budget_s`. Returns it and the runs made."""
@@ -439,7 +446,7 @@ def shrink(
     def fails(candidate: list[Event]) -> bool:
         nonlocal runs
         runs += 1
-        result = run_life(kind, life, candidate, known=known, make_memory=make_memory)
+        result = run_life(kind, life, candidate, known=known, make_memory=make_memory, pg=pg)
         return result.failure is not None and result.failure.check == check
 
     chunks = 2
@@ -482,14 +489,15 @@ def simulate(
     shrink_s: float = 30.0,
     trace: bool = False,
     known: frozenset[Known] = ALL_KNOWN,
+    pg: PgTarget | None = None,
 ) -> Report:
     """Run `seed`'s life; when it fails, shrink it and format the report."""
     life = generate(seed)
-    result = run_life(kind, life, trace=trace, known=known)
+    result = run_life(kind, life, trace=trace, known=known, pg=pg)
     if result.failure is None:
         return Report(result)
     started = time.monotonic()
-    shrunk, runs = shrink(kind, life, result, shrink_s, known)
+    shrunk, runs = shrink(kind, life, result, shrink_s, known, pg=pg)
     took = time.monotonic() - started
     if result.failed_at < 0:
         at = "the first open"

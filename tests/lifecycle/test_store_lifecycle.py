@@ -1,5 +1,5 @@
 """Seeded lives of the message store (`store_sim`), against every store behind the contract
-suite (memory and journal), checked against a model after every step and every restart.
+suite (memory, journal and PostgreSQL), checked against a model after every step and restart.
 
 - By default: a fixed set of seeds per store (about a minute in all).
 - `--seed N`: replays seed N on both stores, traced (add `-s` to see the trace of a passing run).
@@ -25,15 +25,17 @@ from pathlib import Path
 
 import pytest
 
+from pgserver import PgServer
 from sluice.config import KiB, StoreConfig, SyncPolicy
 from sluice.store.api import StoredMessage
 from sluice.store.journal import files, tools
 from sluice.store.journal.store import JournalStore
 from sluice.store.memory import MemoryStore
 
-from .sim_events import Event, Kind, generate
+from .sim_events import OPT_POWER, OPT_TORN, Event, Kind, generate
 from .sim_harness import Known, StoreKind
 from .sim_model import Model
+from .sim_postgres import PgTarget
 from .store_sim import run_life, shrink, simulate
 
 # Journal seeds among 1-800 that fail on a store bug not fixed yet (none now).
@@ -41,7 +43,16 @@ FAILING_JOURNAL_SEEDS: set[int] = set()
 JOURNAL_SEEDS = [seed for seed in range(1, 401) if seed not in FAILING_JOURNAL_SEEDS]
 JOURNAL_CHUNKS = 10
 MEMORY_SEEDS = range(1, 1001)
+# PostgreSQL lives in the default run (about 20 s): among 1-30, those that restart the server
+# at most once (2 s each), together holding every kind of crash (`sim_postgres`). All of 1-30
+# passed when this was written; `--run-slow` runs random ones.
+POSTGRES_SEEDS = [3, 5, 6, 7, 8, 9, 10, 12, 14, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 30]
 SHRINK_S = 30.0
+
+
+@pytest.fixture
+def pg(pg_server: PgServer) -> PgTarget:
+    return PgTarget(pg_server.url(), pg_server.restart_immediate)
 
 
 def _seed_option(request: pytest.FixtureRequest) -> int | None:
@@ -49,10 +60,10 @@ def _seed_option(request: pytest.FixtureRequest) -> int | None:
     return None if value is None else int(value)
 
 
-def _run(kind: StoreKind, seeds: list[int], *, traced: bool) -> None:
+def _run(kind: StoreKind, seeds: list[int], *, traced: bool, pg: PgTarget | None = None) -> None:
     failures = []
     for seed in seeds:
-        report = simulate(kind, seed, shrink_s=SHRINK_S, trace=traced)
+        report = simulate(kind, seed, shrink_s=SHRINK_S, trace=traced, pg=pg)
         if traced:
             print(f"--- {kind.value} store, seed {seed}: {generate(seed).config}")
             print("\n".join(report.result.trace))
@@ -78,6 +89,51 @@ def test_memory_lives(request: pytest.FixtureRequest) -> None:
     seed = _seed_option(request)
     seeds = [seed] if seed is not None else list(MEMORY_SEEDS)
     _run(StoreKind.MEMORY, seeds, traced=seed is not None)
+
+
+def test_postgres_lives(request: pytest.FixtureRequest, pg: PgTarget) -> None:
+    """The PostgreSQL store through the same lives: its crashes drop the store without closing
+    it, terminate its connection mid-batch, or crash the server (`sim_postgres`); the file-level
+    events do nothing there."""
+    seed = _seed_option(request)
+    seeds = [seed] if seed is not None else POSTGRES_SEEDS
+    _run(StoreKind.POSTGRES, seeds, traced=seed is not None, pg=pg)
+
+
+def test_postgres_lives_crash_in_every_way(pg: PgTarget) -> None:
+    """The default PostgreSQL seeds crash the broker side plainly, mid-batch and with the server."""
+    opts = Counter(
+        ev.opt & (OPT_TORN | OPT_POWER)
+        for seed in POSTGRES_SEEDS
+        for ev in generate(seed).events
+        if ev.kind is Kind.CRASH
+    )
+    assert {0, OPT_TORN, OPT_POWER} <= set(opts), opts
+    life = generate(24)  # crashes mid-batch, with the server, and both at once
+    result = run_life(StoreKind.POSTGRES, life, trace=True, pg=pg)
+    assert result.failure is None
+    assert any("connection terminated" in line for line in result.trace)
+    assert any("crashed, the server too" in line for line in result.trace)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_random_postgres_lives_for_minutes(request: pytest.FixtureRequest, pg: PgTarget) -> None:
+    """Random seeds against the PostgreSQL store for `--sim-minutes` (1 if not given), in this
+    process (lives share the session's server, which some of them crash)."""
+    minutes = float(request.config.getoption("sim_minutes") or 1.0)
+    rng = random.SystemRandom()
+    deadline = time.monotonic() + minutes * 60
+    lives = events = 0
+    failures = []
+    while time.monotonic() < deadline:
+        report = simulate(StoreKind.POSTGRES, rng.randrange(1 << 32), shrink_s=60.0, pg=pg)
+        lives += 1
+        events += report.result.events
+        if report.failed:
+            failures.append(report.text)
+    print(f"\npostgres store lifecycle: {lives} lives, {events} events, {len(failures)} failures")
+    assert not failures, "\n\n".join(failures)
 
 
 # -- the simulation itself ---------------------------------------------------------------------

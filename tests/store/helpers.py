@@ -1,5 +1,6 @@
 """Helpers for the store tests: a sink that records deliveries, and store harnesses that can be
-reopened (a new JournalStore on the same directory; the same MemoryStore instance)."""
+reopened (a new JournalStore on the same directory, a new PostgresStore on the same schema; the
+same MemoryStore instance)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sluice.config import MiB, StoreConfig
 from sluice.store.api import Recovery, StoredMessage, WriteHandle
 from sluice.store.journal.store import JournalStore
 from sluice.store.memory import MemoryStore
+from sluice.store.postgres.store import PostgresStore
 
 WAIT_S = 20.0
 
@@ -100,20 +102,20 @@ class Harness:
     """One store under test, with the sink and a way to reopen it."""
 
     kind: str
-    make: Callable[[], MemoryStore | JournalStore]
+    make: Callable[[], MemoryStore | JournalStore | PostgresStore]
     sink: Sink = field(default_factory=Sink)
-    store: MemoryStore | JournalStore | None = None
+    store: MemoryStore | JournalStore | PostgresStore | None = None
     recovery: Recovery | None = None
     handles: list[WriteHandle] = field(default_factory=list)
 
     def open(self) -> Recovery:
-        if self.store is None or self.kind == "journal":
+        if self.store is None or self.kind != "memory":
             self.store = self.make()
         self.recovery = self.store.open(self.sink)
         return self.recovery
 
     @property
-    def s(self) -> MemoryStore | JournalStore:
+    def s(self) -> MemoryStore | JournalStore | PostgresStore:
         assert self.store is not None
         return self.store
 

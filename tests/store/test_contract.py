@@ -1,7 +1,8 @@
-"""One contract, every store: the same tests run against MemoryStore and JournalStore.
+"""One contract, every store: the same tests run against MemoryStore, JournalStore and
+PostgresStore (on the session's PostgreSQL server, a schema of its own per test).
 
-Each test also reopens the store (a new JournalStore on the same directory; the same MemoryStore
-instance) and checks that the state is still there.
+Each test also reopens the store (a new JournalStore on the same directory, a new PostgresStore on
+the same schema; the same MemoryStore instance) and checks that the state is still there.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from pgserver import fresh_schema
 from sluice.store.api import RecoveredSubscription, WriteState
 from sluice.store.journal.store import JournalStore
 from sluice.store.memory import MemoryStore
+from sluice.store.postgres.store import PostgresStore
 
 from .helpers import Harness, fields, journal_config, msg
 
@@ -21,11 +24,17 @@ Q = "/queue/orders"
 T = "/topic/prices"
 
 
-@pytest.fixture(params=["memory", "journal"])
+@pytest.fixture(params=["memory", "journal", "postgres"])
 def h(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     window = 3
     if request.param == "memory":
         harness = Harness("memory", lambda: MemoryStore(dedup_window=window))
+    elif request.param == "postgres":
+        url = request.getfixturevalue("pg_server").url()
+        schema = fresh_schema()
+        harness = Harness(
+            "postgres", lambda: PostgresStore(url, schema=schema, dedup_window=window)
+        )
     else:
         config = journal_config(tmp_path / "data")
         harness = Harness("journal", lambda: JournalStore(config, dedup_window=window))

@@ -42,6 +42,17 @@ def _host_port(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def _store_where(store: config_mod.StoreConfig) -> str:
+    """Where the store keeps its data, for the start line (a URL without its password)."""
+    if store.kind is config_mod.StoreKind.JOURNAL:
+        return f", data: {store.data_dir}"
+    if store.kind is config_mod.StoreKind.POSTGRES:
+        from sluice.store.postgres.urls import safe_url  # noqa: PLC0415 - psycopg only then
+
+        return f", {safe_url(store.url)} schema {store.schema}"
+    return ""
+
+
 def _broker_config(args: argparse.Namespace) -> config_mod.Config:
     overrides: dict[str, dict[str, Any]] = {}
     if args.stomp is not None:
@@ -55,6 +66,8 @@ def _broker_config(args: argparse.Namespace) -> config_mod.Config:
         store["data_dir"] = str(args.data)
     if args.store is not None:
         store["kind"] = args.store
+    if args.postgres_url is not None:
+        store["url"] = args.postgres_url
     if args.repair:
         store["repair"] = True
     if store:
@@ -124,7 +137,7 @@ def _run_broker(args: argparse.Namespace) -> int:
             + ", ".join(str(bound) for bound in server.listeners)
             + " "
             f"(store: {cfg.store.kind.value}"
-            + (f", data: {cfg.store.data_dir}" if cfg.store.kind.value == "journal" else "")
+            + _store_where(cfg.store)
             + (f", ha: master at epoch {lease.epoch}" if lease is not None else "")
             + ")",
         )
@@ -261,7 +274,12 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
         "message, and connection_id, session, peer, user where known)",
     )
     b.add_argument("--data", type=Path, help="data directory of the journal store")
-    b.add_argument("--store", choices=["memory", "journal"], help="message store")
+    b.add_argument("--store", choices=["memory", "journal", "postgres"], help="message store")
+    b.add_argument(
+        "--postgres-url",
+        metavar="URL",
+        help="the PostgreSQL store's database, postgresql://USER@HOST:PORT/DB (store.url)",
+    )
     b.add_argument("--repair", action="store_true", help="skip damaged journal records on start")
     b.add_argument(
         "--ha-role",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,7 @@ class StoreKind(enum.Enum):
 
     MEMORY = "memory"
     JOURNAL = "journal"
+    POSTGRES = "postgres"
 
 
 class SyncPolicy(enum.Enum):
@@ -213,6 +215,11 @@ class StoreConfig:
     max_bytes: int = 0
     reserve_bytes: int = 0
     store_full: StoreFullPolicy = StoreFullPolicy.BLOCK
+    # The PostgreSQL store (`kind = "postgres"`): a libpq URI or key=value string, and the
+    # PostgreSQL schema its tables go in (created and migrated at start). Kept out of the
+    # dataclass's repr: the URL may carry a password. `data_dir` then holds only the temp store.
+    url: str = field(default="", repr=False)
+    schema: str = "sluice"
 
     @property
     def disk_reserve_bytes(self) -> int:
@@ -418,6 +425,7 @@ class Config:
                 f"store.reserve_bytes ({store.reserve_bytes}) must hold at least one journal file "
                 f"(store.journal_file_bytes = {store.journal_file_bytes}), or be 0 for two"
             )
+        _check_postgres(store)
         if not 0 <= self.stomp.port <= 65535:
             raise ConfigError(f"stomp.port out of range: {self.stomp.port}")
         if not 0 <= self.http.port <= 65535:
@@ -504,6 +512,36 @@ def _check_readable(path: Path, what: str, where: str) -> None:
         raise ConfigError(f"{where}: cannot read the {what} {path}: {exc.strerror}") from None
     if not path.is_file():
         raise ConfigError(f"{where}: the {what} {path} is not a file")
+
+
+_PG_SCHEMES = ("postgresql://", "postgres://")
+_PG_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def _check_postgres(store: StoreConfig) -> None:
+    """`[store] url` and `schema` for the PostgreSQL store (the URL never appears in an error:
+    it may carry a password)."""
+    if not _PG_SCHEMA_NAME.fullmatch(store.schema):
+        raise ConfigError(
+            f"store.schema must be a lower-case PostgreSQL identifier of at most 63 characters "
+            f"(letters, digits, _; got {store.schema!r})"
+        )
+    if store.kind is not StoreKind.POSTGRES:
+        return
+    url = store.url.strip()
+    if not url:
+        raise ConfigError(
+            'store.kind = "postgres" needs store.url (e.g. "postgresql://sluice@127.0.0.1/sluice"'
+            ", or --postgres-url)"
+        )
+    if "://" in url and not url.startswith(_PG_SCHEMES):
+        scheme = url.split("://", 1)[0]
+        raise ConfigError(
+            f"store.url must be a postgresql:// URI or a key=value connection string "
+            f"(got a {scheme}:// URL)"
+        )
+    if "://" not in url and "=" not in url:
+        raise ConfigError("store.url must be a postgresql:// URI or a key=value connection string")
 
 
 def _check_tls(tls: TlsSettings, where: str) -> None:

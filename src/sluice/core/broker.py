@@ -146,7 +146,7 @@ class Broker(BrokerAdmin):
         self._sweep_timer: Cancellable | None = None
         self._sweep_interval_s = _sweep_interval_s(config)
         self._next_expiry_ms = 0
-        self.store_pages = bool(getattr(store, "pages_to_disk", True))
+        self.store_pages = store.capabilities.pages_to_disk
         self._overrides = [
             (kind, compile_pattern(short), override.policy)
             for override in config.destinations

@@ -30,7 +30,7 @@ def check_disk_space(config: Config) -> None:
     free = free_bytes(data_dir) + reclaimed
     needed = file_bytes
     what = f"the temp store's first data file of {file_bytes / MiB:.1f} MiB"
-    if not list_files(data_dir / "journal"):
+    if store.kind is StoreKind.JOURNAL and not list_files(data_dir / "journal"):
         reserve = store.disk_reserve_bytes
         needed += 2 * file_bytes + reserve
         what = (
@@ -48,10 +48,11 @@ def open_stores(
     config: Config, fence: Fence | None = None, *, detach_previous_master: bool = False
 ) -> tuple[MessageStore, MessageStore | None]:
     """The store the configuration asks for, and the temp store non-persistent messages spool
-    to (only with the journal: with the memory store, a full memory pauses producers). `fence`
-    is the high-availability lease the journal checks before it writes (`sluice.ha`);
-    `detach_previous_master`, when the previous master may still be alive: cut it off from the
-    journal's newest file and the index first (`sluice.store.journal.detach`)."""
+    to (a journal in `data_dir/tmp`, with the journal and the PostgreSQL stores: with the memory
+    store, a full memory pauses producers). `fence` is the high-availability lease the journal
+    checks before it writes (`sluice.ha`); `detach_previous_master`, when the previous master may
+    still be alive: cut it off from the journal's newest file and the index first
+    (`sluice.store.journal.detach`)."""
     if config.store.kind is StoreKind.MEMORY:
         return MemoryStore(), None
     from sluice.store.journal.store import JournalStore  # noqa: PLC0415 - only when asked for
@@ -62,11 +63,30 @@ def open_stores(
 
         detach.detach_previous_master(config.store.data_dir)
 
-    store = JournalStore(
-        config.store,
-        dedup_window=config.limits.dedup_window,
-        time_writes=config.latency.hops,
-        fence=fence,
-    )
+    store: MessageStore
+    if config.store.kind is StoreKind.POSTGRES:
+        store = _postgres_store(config)
+    else:
+        store = JournalStore(
+            config.store,
+            dedup_window=config.limits.dedup_window,
+            time_writes=config.latency.hops,
+            fence=fence,
+        )
     temp_config = dataclasses.replace(config.store, data_dir=config.store.data_dir / "tmp")
     return store, JournalStore(temp_config, temporary=True)
+
+
+def _postgres_store(config: Config) -> MessageStore:
+    try:
+        from sluice.store.postgres.store import PostgresStore  # noqa: PLC0415 - psycopg then only
+    except ImportError as exc:
+        raise StoreError(
+            "the PostgreSQL store needs psycopg: pip install 'sluice[postgres]'"
+        ) from exc
+    return PostgresStore(
+        config.store.url,
+        schema=config.store.schema,
+        dedup_window=config.limits.dedup_window,
+        sync_acks=config.store.sync_acks,
+    )

@@ -1,7 +1,8 @@
 """The message store interface that the core programs against, and the values it exchanges.
 
-Both stores (`memory.MemoryStore`, `journal.store.JournalStore`) implement `MessageStore`, and one
-contract test suite runs against both.
+Every store (`memory.MemoryStore`, `journal.store.JournalStore`, `postgres.store.PostgresStore`)
+implements `MessageStore`, and one contract test suite runs against all of them. What a store can
+do beyond the contract it declares in `StoreCapabilities`; the core reads that, never probes.
 
 Threading: every method is called from the broker's event-loop thread. A store may write on a thread
 of its own; it then reports finished writes by calling the `CompletionSink` given to `open()` from
@@ -313,8 +314,27 @@ class Fence(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class StoreCapabilities:
+    """What a store declares it can do, beyond the contract every store keeps.
+
+    `pages_to_disk`: messages it holds may be dropped from memory and read back with `load()`
+    (the broker then keeps only a window of a long queue in memory). `durable`: what it holds
+    survives a restart of the process. `data_files`: it keeps data files of its own that
+    `inspect()` describes, collects and compacts."""
+
+    pages_to_disk: bool
+    durable: bool
+    data_files: bool
+
+
 class MessageStore(Protocol):
     """What the core needs from a store. Methods marked async return a `WriteHandle`."""
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """What this store can do (declared by its class, never probed)."""
+        ...
 
     def open(self, sink: CompletionSink) -> Recovery:
         """Open (recovering if needed) and return what is stored."""

@@ -21,6 +21,7 @@ from sluice.store.api import (
     RecoveredDestination,
     RecoveredSubscription,
     Recovery,
+    StoreCapabilities,
     StoredMessage,
     StoreStats,
     StoreView,
@@ -38,7 +39,7 @@ class _Tx:
 class MemoryStore:
     """Keeps everything in process memory; nothing survives a restart."""
 
-    pages_to_disk = False
+    capabilities = StoreCapabilities(pages_to_disk=False, durable=False, data_files=False)
 
     def __init__(self, dedup_window: int = DEFAULT_DEDUP_WINDOW) -> None:
         self._sink: CompletionSink | None = None

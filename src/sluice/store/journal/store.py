@@ -34,6 +34,7 @@ from sluice.store.api import (
     Fence,
     RecoveredSubscription,
     Recovery,
+    StoreCapabilities,
     StoredMessage,
     StoreStats,
     StoreView,
@@ -84,7 +85,7 @@ class JournalStore:
     availability), the store checks it before it recovers and before every write, and starts a
     new data file at open: this master never appends to a file an earlier master had open."""
 
-    pages_to_disk = True
+    capabilities = StoreCapabilities(pages_to_disk=True, durable=True, data_files=True)
 
     def __init__(
         self,
@@ -99,6 +100,8 @@ class JournalStore:
             config = dataclasses.replace(config, sync=SyncPolicy.NEVER, archive=False)
         self.config = config
         self.temporary = temporary
+        if temporary:
+            self.capabilities = dataclasses.replace(self.capabilities, durable=False)
         self.dedup_window = dedup_window
         self.journal_dir = config.data_dir / "journal"
         self._lock = threading.Lock()

@@ -1,0 +1,1 @@
+"""The PostgreSQL message store (`store.PostgresStore`), its schema and its writer."""

@@ -1,0 +1,489 @@
+"""The PostgreSQL store's group-commit writer: one thread, one connection, one transaction per
+batch.
+
+Each turn it takes everything queued (up to `MAX_BATCH_OPS`) under the store lock, marking the
+handles TAKEN so they can no longer be cancelled, turns the ops into SQL statements (consecutive
+statements of one kind go as one `executemany`, pipelined), and COMMITs: the commit is the sync
+(the connection runs with `synchronous_commit = on`). Then it marks the handles WRITTEN, drops
+what the store's overlay held for them, and hands them all to the completion sink in one call.
+
+What the writer keeps between batches (destination ids, each destination's last sequence, the
+dedup windows' row positions) mirrors the database as of its last commit. Any database error in a
+batch fails the store, as a failed sync fails the journal: the batch's handles and every later
+write fail, and a restart reopens from what the database committed. (Whether a COMMIT that lost
+its connection took effect is unknown, which is why nothing after it is trusted.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from sluice.errors import StoreError
+from sluice.store.api import (
+    DEDUP_HEADER,
+    CompletionSink,
+    RecoveredSubscription,
+    StoredMessage,
+    StoreStats,
+    WriteHandle,
+    WriteState,
+)
+from sluice.store.postgres.schema import CHUNK_BYTES, chunks_of, encode_headers
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_OPS = 4096
+STOP_TIMEOUT_S = 10.0
+
+
+class OpKind(enum.Enum):
+    """What a queued op does."""
+
+    NOTHING = 0  # only a handle to complete
+    ADD = 1
+    REMOVE = 2
+    REMOVE_RANGE = 3
+    COMMIT = 4
+    ABORT = 5
+    MARK = 6
+    DEST_DELETE = 7
+    SUB_PUT = 8
+    SUB_DELETE = 9
+
+
+@dataclass(eq=False)
+class TxAdd:
+    """A transacted add, as its transaction remembers it until commit: its row, never its
+    message once written."""
+
+    row_id: int
+    destination: str
+    size: int
+    timestamp_ms: int
+    dedup_id: str
+    op: Op
+
+
+@dataclass(eq=False)
+class Op:
+    """One queued operation. `message` is held until the write commits (the overlay reads it
+    meanwhile), then dropped."""
+
+    kind: OpKind
+    handle: WriteHandle | None
+    destination: str = ""
+    seq: int = 0
+    row_id: int = 0
+    txno: int = 0
+    message: StoredMessage | None = None
+    commit_adds: list[tuple[TxAdd, int]] = field(default_factory=list)
+    commit_removes: list[tuple[str, int]] = field(default_factory=list)
+    subscription: RecoveredSubscription | None = None
+    nbytes: int = 0
+    # A remove nobody waits for (an ack without a receipt): its batch alone need not be synced.
+    lazy: bool = False
+
+
+class _Statements:
+    """SQL statements in order; runs of one statement go as one `executemany`."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[str, list[Sequence[Any]]]] = []
+
+    def add(self, query: str, params: Sequence[Any]) -> None:
+        if self.groups and self.groups[-1][0] is query:
+            self.groups[-1][1].append(params)
+        else:
+            self.groups.append((query, [params]))
+
+    def run(self, cur: psycopg.Cursor[Any]) -> None:
+        for query, rows in self.groups:
+            if len(rows) == 1:
+                cur.execute(query, rows[0])
+            else:
+                cur.executemany(query, rows)
+
+
+_INSERT_DEST = "INSERT INTO destinations (id, name, live) VALUES (%s, %s, %s)"
+_REVIVE_DEST = "UPDATE destinations SET live = true WHERE id = %s"
+_INSERT_MSG = (
+    "INSERT INTO messages (id, dest_id, seq, txno, message_id, timestamp_ms, expires_ms, "
+    "priority, persistent, size, headers, body, chunks) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_INSERT_CHUNK = "INSERT INTO message_chunks (message, n, data) VALUES (%s, %s, %s)"
+_INSERT_DEDUP = "INSERT INTO dedup_ids (dest_id, pos, dedup_id) VALUES (%s, %s, %s)"
+_TRIM_DEDUP = "DELETE FROM dedup_ids WHERE dest_id = %s AND pos < %s"
+_REMOVE = "DELETE FROM messages WHERE dest_id = %s AND seq = %s"
+_REMOVE_RANGE = "DELETE FROM messages WHERE dest_id = %s AND seq <= %s"
+_COMMIT_TX = (
+    "UPDATE messages SET seq = v.seq, txno = NULL "
+    "FROM unnest(%s::bigint[], %s::bigint[]) AS v (id, seq) WHERE messages.id = v.id"
+)
+_ABORT_TX = "DELETE FROM messages WHERE txno = %s"
+_MARK = "UPDATE destinations SET dispatch_mark = %s WHERE id = %s"
+_LAST_SEQ = "UPDATE destinations SET last_seq = %s WHERE id = %s"
+_DELETE_DEST_MSGS = "DELETE FROM messages WHERE dest_id = %s AND seq IS NOT NULL"
+_DELETE_DEST_DEDUP = "DELETE FROM dedup_ids WHERE dest_id = %s"
+_DELETE_DEST = "UPDATE destinations SET live = false, last_seq = 0, dispatch_mark = 0 WHERE id = %s"
+_SUB_PUT = (
+    "INSERT INTO subscriptions (client_id, name, destination, selector, cursor) "
+    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (client_id, name) DO UPDATE SET "
+    "destination = excluded.destination, selector = excluded.selector, cursor = excluded.cursor"
+)
+_SUB_DELETE = "DELETE FROM subscriptions WHERE client_id = %s AND name = %s"
+_ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off"
+_SUB_CURSOR = "UPDATE subscriptions SET cursor = %s WHERE client_id = %s AND name = %s"
+
+
+@dataclass
+class WriterState:
+    """What the database holds that the writer needs to write the next batch."""
+
+    dest_ids: dict[str, int]
+    live: set[str]
+    last_seq: dict[str, int]
+    next_dest_id: int
+    next_dedup_pos: int
+    # Each destination's dedup rows (positions, oldest first): at most a window kept.
+    dedup_pos: dict[str, deque[int]]
+    dedup_window: int
+
+
+class Writer:
+    """Owns the write connection once started."""
+
+    def __init__(
+        self,
+        *,
+        conn: psycopg.Connection[Any],
+        state: WriterState,
+        lock: threading.Lock,
+        stats: StoreStats,
+        sink: CompletionSink,
+        on_written: Callable[[Sequence[Op]], None],
+        on_failed: Callable[[Sequence[Op]], None],
+        lazy_acks: bool = True,
+    ) -> None:
+        self.conn = conn
+        # Batches of lazy removes and cursor moves alone commit without waiting for the flush.
+        self.lazy_acks = lazy_acks
+        self.state = state
+        self.lock = lock
+        self.cond = threading.Condition(lock)
+        self.stats = stats
+        self.sink = sink
+        self.queue: deque[Op] = deque()
+        self.cursors: dict[tuple[str, str], int] = {}
+        self.failed: BaseException | None = None
+        self._on_written = on_written
+        self._on_failed = on_failed
+        self._closing = False
+        self._abandoned = False
+        self._thread = threading.Thread(target=self._run, name="sluice-postgres", daemon=True)
+
+    # -- called by the store ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def submit(self, op: Op) -> None:
+        """Queue an op. The caller holds `lock`."""
+        self.queue.append(op)
+        self.stats.pending_writes += 1
+        self.stats.pending_write_bytes += op.nbytes
+        self.cond.notify()
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+        """Write what is queued and end the thread; False if it did not end in time."""
+        with self.cond:
+            self._closing = True
+            self.cond.notify_all()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.error("the postgres writer did not stop within %.0f s; leaving it", timeout_s)
+            return False
+        return True
+
+    def abandon(self) -> None:
+        """End the thread after the batch in progress, writing nothing more (a crash)."""
+        with self.cond:
+            self._abandoned = True
+            self._closing = True
+            self.cond.notify_all()
+        self._thread.join(STOP_TIMEOUT_S)
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            # Pipeline mode for the thread's life: a batch's statements and its COMMIT go in one
+            # round trip (leaving the mode after each batch would cost another).
+            with self.conn.pipeline():
+                self._loop()
+        except (psycopg.Error, OSError) as exc:
+            # Leaving pipeline mode on a connection that is gone: the store failed already.
+            if self.failed is None:
+                log.error("postgres writer: %s", exc)
+                self._set_failed(exc)
+        except BaseException as exc:  # the thread's boundary: fail loudly, never silently stop
+            log.exception("postgres writer failed")
+            self._set_failed(exc)
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not (self.queue or self.cursors or self._closing):
+                    self.cond.wait()
+                if self._abandoned:
+                    return
+                batch = self._take()
+                cursors, self.cursors = self.cursors, {}
+                finishing = self._closing and not self.queue
+            if batch or cursors:
+                self._process(batch, cursors)
+            if finishing:
+                return
+
+    def _take(self) -> list[Op]:
+        batch: list[Op] = []
+        nbytes = 0
+        queue = self.queue
+        while queue and len(batch) < MAX_BATCH_OPS:
+            op = queue.popleft()
+            batch.append(op)
+            nbytes += op.nbytes
+            handle = op.handle
+            if handle is not None and handle.state is WriteState.PENDING:
+                handle.state = WriteState.TAKEN
+        self.stats.pending_writes -= len(batch)
+        self.stats.pending_write_bytes -= nbytes
+        return batch
+
+    def _process(self, batch: list[Op], cursors: dict[tuple[str, str], int]) -> None:
+        handles = [op.handle for op in batch if op.handle is not None]
+        if self.failed is not None:
+            self._fail(batch, handles, self.failed)
+            return
+        statements = _Statements()
+        writes = [op for op in batch if op.kind is not OpKind.NOTHING]
+        # Nobody waits for these to be durable: the commit does not wait for the WAL flush; the
+        # next synchronous commit (or the WAL writer, within a fraction of a second) covers it.
+        lazy = self.lazy_acks and bool(writes or cursors) and not any(map(_needs_sync, batch))
+        if lazy:
+            statements.add(_ASYNC_COMMIT, ())
+        touched: set[str] = set()
+        records = 0
+        for op in batch:
+            if op.handle is not None and op.handle.state is WriteState.CANCELLED:
+                if op.kind is OpKind.ADD and not op.txno:
+                    self._bump(op.destination, op.seq, statements)
+                    touched.add(op.destination)
+                continue
+            if op.kind is not OpKind.NOTHING:
+                self._statements(op, statements, touched)
+                records += 1
+        for (client_id, name), seq in cursors.items():
+            statements.add(_SUB_CURSOR, (seq, client_id, name))
+        for destination in touched:
+            if destination in self.state.live:
+                seq = self.state.last_seq.get(destination, 0)
+                statements.add(_LAST_SEQ, (seq, self.state.dest_ids[destination]))
+        try:
+            # One round trip for the whole batch and its COMMIT (the connection is in pipeline
+            # mode: the commit sends everything and waits for the results).
+            with self.conn.cursor() as cur:
+                statements.run(cur)
+            self.conn.commit()
+        except (psycopg.Error, OSError) as exc:
+            log.error("postgres: a batch of %d writes failed; the store stops: %s", len(batch), exc)
+            self._set_failed(exc)
+            self._fail(batch, handles, exc)
+            return
+        with self.lock:
+            for handle in handles:
+                if handle.state is WriteState.TAKEN:
+                    handle.state = WriteState.WRITTEN
+            self.stats.written_records += records + len(cursors)
+            self.stats.batches += 1
+            self.stats.syncs += 0 if lazy else 1
+            self._on_written(batch)
+        self._deliver(handles)
+
+    # -- ops into SQL ----------------------------------------------------------------------------
+
+    def _dest(self, destination: str, statements: _Statements, *, live: bool = True) -> int:
+        """The destination's row id, created (or made live again) in this batch if needed. A
+        transacted add needs the row (`live=False`) but makes no destination before its
+        commit."""
+        state = self.state
+        dest_id = state.dest_ids.get(destination)
+        if dest_id is None:
+            dest_id = state.dest_ids[destination] = state.next_dest_id
+            state.next_dest_id += 1
+            statements.add(_INSERT_DEST, (dest_id, destination, live))
+            if live:
+                state.live.add(destination)
+        elif live and destination not in state.live:
+            statements.add(_REVIVE_DEST, (dest_id,))
+            state.live.add(destination)
+        return dest_id
+
+    def _bump(self, destination: str, seq: int, statements: _Statements) -> None:
+        """The destination's last sequence is at least `seq` (a row with it, or a write that
+        leaves none, which then persists the number: see `touched` in `_process`)."""
+        self._dest(destination, statements)
+        if seq > self.state.last_seq.get(destination, 0):
+            self.state.last_seq[destination] = seq
+
+    def _dedup(self, destination: str, dedup_id: str, statements: _Statements) -> None:
+        state = self.state
+        if not dedup_id or state.dedup_window <= 0:
+            return
+        dest_id = self._dest(destination, statements)
+        pos = state.next_dedup_pos
+        state.next_dedup_pos += 1
+        statements.add(_INSERT_DEDUP, (dest_id, pos, dedup_id))
+        window = state.dedup_pos.get(destination)
+        if window is None:
+            window = state.dedup_pos[destination] = deque()
+        window.append(pos)
+        if len(window) >= 2 * state.dedup_window:
+            while len(window) > state.dedup_window:
+                window.popleft()
+            statements.add(_TRIM_DEDUP, (dest_id, window[0]))
+
+    def _statements(self, op: Op, statements: _Statements, touched: set[str]) -> None:
+        """The SQL of one op. `touched`: destinations whose last sequence the batch must write,
+        because it deletes rows (the highest sequence may go with them)."""
+        state = self.state
+        kind = op.kind
+        if kind is OpKind.ADD:
+            message = op.message
+            assert message is not None
+            dest_id = self._dest(op.destination, statements, live=not op.txno)
+            body = message.body
+            inline = len(body) <= CHUNK_BYTES
+            statements.add(
+                _INSERT_MSG,
+                (
+                    op.row_id,
+                    dest_id,
+                    None if op.txno else op.seq,
+                    op.txno or None,
+                    message.message_id,
+                    message.timestamp_ms,
+                    message.expires_ms,
+                    message.priority,
+                    message.persistent,
+                    message.size,
+                    encode_headers(message.headers),
+                    bytes(body) if inline else None,
+                    0 if inline else (len(body) + CHUNK_BYTES - 1) // CHUNK_BYTES,
+                ),
+            )
+            if not inline:
+                for n, chunk in enumerate(chunks_of(body)):
+                    statements.add(_INSERT_CHUNK, (op.row_id, n, chunk))
+            if not op.txno:
+                self._bump(op.destination, op.seq, statements)
+                self._dedup(op.destination, message.headers.get(DEDUP_HEADER, ""), statements)
+        elif kind is OpKind.REMOVE:
+            dest_id_or_none = state.dest_ids.get(op.destination)
+            if dest_id_or_none is not None:
+                statements.add(_REMOVE, (dest_id_or_none, op.seq))
+                touched.add(op.destination)
+        elif kind is OpKind.REMOVE_RANGE:
+            dest_id = self._dest(op.destination, statements)
+            statements.add(_REMOVE_RANGE, (dest_id, op.seq))
+            touched.add(op.destination)
+        elif kind is OpKind.COMMIT:
+            ids, seqs = [], []
+            for add, seq in op.commit_adds:
+                ids.append(add.row_id)
+                seqs.append(seq)
+                self._bump(add.destination, seq, statements)
+                self._dedup(add.destination, add.dedup_id, statements)
+            if ids:
+                statements.add(_COMMIT_TX, (ids, seqs))
+            for destination, seq in op.commit_removes:
+                dest_id_or_none = state.dest_ids.get(destination)
+                if dest_id_or_none is not None:
+                    statements.add(_REMOVE, (dest_id_or_none, seq))
+                    touched.add(destination)
+        elif kind is OpKind.ABORT:
+            statements.add(_ABORT_TX, (op.txno,))
+        elif kind is OpKind.MARK:
+            dest_id = self._dest(op.destination, statements)
+            statements.add(_MARK, (op.seq, dest_id))
+        elif kind is OpKind.DEST_DELETE:
+            dest_id_or_none = state.dest_ids.get(op.destination)
+            if dest_id_or_none is not None and op.destination in state.live:
+                statements.add(_DELETE_DEST_MSGS, (dest_id_or_none,))
+                statements.add(_DELETE_DEST_DEDUP, (dest_id_or_none,))
+                statements.add(_DELETE_DEST, (dest_id_or_none,))
+                state.live.discard(op.destination)
+                state.last_seq.pop(op.destination, None)
+                state.dedup_pos.pop(op.destination, None)
+                touched.discard(op.destination)
+        elif kind is OpKind.SUB_PUT:
+            sub = op.subscription
+            assert sub is not None
+            statements.add(
+                _SUB_PUT, (sub.client_id, sub.name, sub.destination, sub.selector, sub.cursor)
+            )
+        elif kind is OpKind.SUB_DELETE:
+            sub = op.subscription
+            assert sub is not None
+            statements.add(_SUB_DELETE, (sub.client_id, sub.name))
+
+    # -- completion and failure ------------------------------------------------------------------
+
+    def _deliver(self, handles: list[WriteHandle]) -> None:
+        if not handles:
+            return
+        try:
+            self.sink(handles)
+        except Exception:  # the sink is the core's; its failure must not stop the writer
+            log.exception("completion sink raised")
+
+    def _set_failed(self, exc: BaseException) -> None:
+        with self.lock:
+            if self.failed is None:
+                self.failed = exc
+                self.stats.write_errors += 1
+        # A connection that is gone had its transaction rolled back by the server.
+        with contextlib.suppress(psycopg.Error, OSError):
+            self.conn.rollback()
+
+    def _fail(self, batch: list[Op], handles: list[WriteHandle], exc: BaseException) -> None:
+        error = exc if isinstance(exc, StoreError) else StoreError(f"postgres write failed: {exc}")
+        with self.lock:
+            for handle in handles:
+                if not handle.done:
+                    handle.state = WriteState.FAILED
+                    handle.error = error
+            self._on_failed(batch)
+        self._deliver(handles)
+
+
+def _needs_sync(op: Op) -> bool:
+    """Whether someone waits for this op to be durable: anything but a lazy remove, a handle
+    completed before the batch (a cancelled add and its remove, an empty commit) or a
+    handle-less op that writes nothing."""
+    handle = op.handle
+    if op.lazy or (handle is not None and handle.state is WriteState.CANCELLED):
+        return False
+    if op.kind is OpKind.NOTHING:
+        return handle is not None and handle.state is WriteState.TAKEN
+    return True

@@ -1,0 +1,266 @@
+"""The PostgreSQL store beyond the contract suite: its schema and migrations, bodies in chunks,
+keyset paging, what an unfinished transaction leaves after a crash, a server that crashes under
+it, its configuration, and a broker on it killed and restarted. Everything runs against the
+session's real PostgreSQL server (`pg_server`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from brokerproc import BrokerProcess
+from pgserver import PgServer, fresh_schema
+from sluice import config as config_mod
+from sluice.client import Client
+from sluice.errors import ConfigError, StoreError
+from sluice.store.api import WriteState
+from sluice.store.postgres.schema import CHUNK_BYTES, SCHEMA_VERSION
+from sluice.store.postgres.store import PostgresStore
+from sluice.store.postgres.urls import safe_url
+
+from .helpers import Harness, fields, msg
+
+Q = "/queue/pg"
+
+
+@pytest.fixture
+def schema() -> str:
+    return fresh_schema()
+
+
+@pytest.fixture
+def h(pg_server: PgServer, schema: str) -> Iterator[Harness]:
+    url = pg_server.url()
+    harness = Harness("postgres", lambda: PostgresStore(url, schema=schema, dedup_window=5))
+    harness.open()
+    yield harness
+    harness.close()
+
+
+def _sql(server: PgServer, schema: str, query: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {schema}")
+        cur = conn.execute(query)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description is not None else []
+
+
+def test_schema_is_created_at_its_version_and_reopened_without_migrating(
+    h: Harness, pg_server: PgServer, schema: str
+) -> None:
+    assert h.recovery is not None
+    assert h.recovery.report == [f"postgres: schema '{schema}' migrated from version 0 to 1"]
+    assert _sql(pg_server, schema, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+    tables = _sql(
+        pg_server,
+        schema,
+        f"SELECT tablename FROM pg_tables WHERE schemaname = '{schema}' ORDER BY tablename",
+    )
+    assert [t for (t,) in tables] == [
+        "dedup_ids",
+        "destinations",
+        "message_chunks",
+        "messages",
+        "schema_version",
+        "subscriptions",
+    ]
+    assert h.reopen().report == []
+
+
+def test_a_schema_from_a_newer_sluice_is_refused(
+    h: Harness, pg_server: PgServer, schema: str
+) -> None:
+    h.close()
+    h.store = None
+    _sql(pg_server, schema, f"UPDATE schema_version SET version = {SCHEMA_VERSION + 1}")
+    store = PostgresStore(pg_server.url(), schema=schema)
+    with pytest.raises(StoreError, match=f"version {SCHEMA_VERSION + 1}, written by a newer"):
+        store.open(h.sink)
+
+
+def test_large_bodies_are_stored_in_chunks(h: Harness, pg_server: PgServer, schema: str) -> None:
+    big = bytes(range(256)) * (3 * CHUNK_BYTES // 256) + b"tail"
+    h.track(h.s.add(msg(Q, 1, big), None))
+    h.track(h.s.add(msg(Q, 2, b"small"), None))
+    h.settle()
+    rows = _sql(pg_server, schema, "SELECT chunks, body IS NULL FROM messages ORDER BY seq")
+    assert rows == [(4, True), (0, False)]
+    stored = _sql(pg_server, schema, "SELECT max(length(data)) FROM message_chunks")
+    assert stored == [(CHUNK_BYTES,)]
+    h.reopen()
+    assert [m.body for m in h.s.load(Q, 0, 10, 1 << 30)] == [big, b"small"]
+    h.track(h.s.remove(Q, 1))
+    h.settle()
+    assert _sql(pg_server, schema, "SELECT count(*) FROM message_chunks") == [(0,)]
+
+
+def test_keyset_pages_over_many_rows_with_removes_and_pending_writes(h: Harness) -> None:
+    originals = [msg(Q, seq, bytes([seq % 251]) * (seq % 7)) for seq in range(1, 1301)]
+    for m in originals[:1200]:
+        h.track(h.s.add(m, None))
+    h.settle()
+    for seq in range(2, 1200, 3):
+        h.track(h.s.remove(Q, seq))
+    h.track(h.s.remove_range(Q, 100))
+    for m in originals[1200:]:  # queued, perhaps not written yet: shown at once all the same
+        h.track(h.s.add(m, None))
+    expected = [
+        fields(m) for m in originals if m.seq > 100 and not (m.seq < 1200 and m.seq % 3 == 2)
+    ]
+
+    def pages(count: int) -> list[tuple[object, ...]]:
+        out, after = [], 0
+        while page := h.s.load(Q, after, count, 1 << 30):
+            assert len(page) <= count
+            out += [fields(m) for m in page]
+            after = page[-1].seq
+        return out
+
+    assert pages(700) == expected
+    assert pages(13) == expected
+    assert h.s.first_seq(Q) == 102  # 101 was removed
+    h.reopen()
+    assert pages(1000) == expected
+
+
+def test_a_crash_drops_unfinished_transactions_and_keeps_what_was_committed(
+    h: Harness, pg_server: PgServer
+) -> None:
+    h.track(h.s.add(msg(Q, 1, b"kept"), None))
+    h.s.begin("open-tx")
+    h.track(h.s.add(msg(Q, 0, b"never committed"), None, "open-tx"))
+    h.track(h.s.remove(Q, 1, None, "open-tx"))
+    h.settle()
+    store = h.s
+    assert isinstance(store, PostgresStore)
+    store.abandon()  # the broker process is gone: no close
+    recovery = h.open()
+    assert recovery.report == ["postgres: 1 messages of unfinished transactions dropped"]
+    assert [m.body for m in h.s.load(Q, 0, 10, 1 << 20)] == [b"kept"]
+    assert [(d.name, d.last_seq, d.message_count) for d in recovery.destinations] == [(Q, 1, 1)]
+
+
+def test_a_server_crash_fails_the_store_and_a_reopen_has_every_committed_write(
+    h: Harness, pg_server: PgServer
+) -> None:
+    for seq in range(1, 6):
+        h.track(h.s.add(msg(Q, seq), None))
+    h.settle()
+    pg_server.restart_immediate()
+    late = h.s.add(msg(Q, 6), None)
+    h.sink.wait([late])
+    assert late.state is WriteState.FAILED
+    assert isinstance(late.error, StoreError)
+    assert h.s.stats().write_errors == 1
+    after = h.s.add(msg(Q, 7), None)
+    h.sink.wait([after])
+    assert after.state is WriteState.FAILED  # a failed store takes no more writes
+    h.s.close()
+    h.open()
+    assert [m.seq for m in h.s.load(Q, 0, 100, 1 << 30)] == [1, 2, 3, 4, 5]
+
+
+def test_safe_url_never_shows_the_password() -> None:
+    shown = safe_url("postgresql://sluice:s3cret@127.0.0.1:5432/db")
+    assert "s3cret" not in shown
+    assert "host=127.0.0.1" in shown
+    assert "password=***" in shown
+    assert "s3cret" not in safe_url("host=h password=s3cret dbname=d")
+    assert safe_url("postgresql://[broken") == "<unparsable PostgreSQL URL>"
+
+
+@pytest.mark.parametrize(
+    ("toml", "error"),
+    [
+        ('kind = "postgres"', "needs store.url"),
+        ('kind = "postgres"\nurl = "mysql://u:pw@h/db"', "got a mysql:// URL"),
+        ('kind = "postgres"\nurl = "just-a-name"', "key=value connection string"),
+        ('kind = "postgres"\nurl = "postgresql://h/db"\nschema = "Bad-Name"', "store.schema"),
+    ],
+)
+def test_store_settings_are_checked(tmp_path: Path, toml: str, error: str) -> None:
+    path = tmp_path / "sluice.toml"
+    path.write_text(f"[store]\n{toml}\n")
+    with pytest.raises(ConfigError, match=error) as info:
+        config_mod.load(path)
+    assert "pw@" not in str(info.value)
+
+
+def test_store_settings_load_and_the_url_stays_out_of_the_repr(tmp_path: Path) -> None:
+    path = tmp_path / "sluice.toml"
+    path.write_text('[store]\nkind = "postgres"\nurl = "postgresql://u:pw@h/db"\nschema = "mq"\n')
+    cfg = config_mod.load(path)
+    assert cfg.store.kind is config_mod.StoreKind.POSTGRES
+    assert (cfg.store.url, cfg.store.schema) == ("postgresql://u:pw@h/db", "mq")
+    assert "pw" not in repr(cfg.store)
+
+
+def test_a_broker_on_postgres_keeps_receipted_messages_through_a_kill(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    schema = fresh_schema("broker")
+    # Trust authentication accepts any password: this one must never reach the log.
+    url = f"postgresql://sluice:s3cret@127.0.0.1:{pg_server.port}/postgres"
+    config = f'[store]\nschema = "{schema}"\ndata_dir = "{tmp_path / "data"}"\n'
+    args = ("--store", "postgres", "--postgres-url", url, "--no-http")
+    broker = BrokerProcess(config, tmp_path, *args).start()
+    try:
+        assert "s3cret" not in broker.log_text
+        assert f"schema {schema}" in broker.log_text
+
+        async def send() -> None:
+            async with await Client.connect(f"127.0.0.1:{broker.port}") as client:
+                for n in range(50):
+                    await client.send("/queue/orders", f"m{n}", persistent=True)
+
+        asyncio.run(send())
+        broker.kill()
+        broker = BrokerProcess(config, tmp_path, *args).start()
+
+        async def receive() -> list[bytes]:
+            async with await Client.connect(f"127.0.0.1:{broker.port}") as client:
+                sub = await client.subscribe("/queue/orders", ack="client-individual")
+                bodies = []
+                for _ in range(50):
+                    message = await sub.get(timeout=10)
+                    assert message is not None
+                    bodies.append(message.body)
+                    await client.ack(message, receipt=True)
+                assert await sub.get(timeout=0.2) is None
+                return bodies
+
+        assert asyncio.run(receive()) == [f"m{n}".encode() for n in range(50)]
+        assert "s3cret" not in broker.log_text
+    finally:
+        with contextlib.suppress(Exception):
+            broker.stop()
+    assert _sql(pg_server, schema, "SELECT count(*) FROM messages") == [(0,)]
+
+
+@pytest.mark.parametrize("sync_acks", [False, True])
+def test_removes_nobody_waits_for_commit_without_a_flush_unless_sync_acks(
+    pg_server: PgServer, schema: str, sync_acks: bool
+) -> None:
+    harness = Harness(
+        "postgres", lambda: PostgresStore(pg_server.url(), schema=schema, sync_acks=sync_acks)
+    )
+    harness.open()
+    try:
+        harness.track(harness.s.add(msg(Q, 1), None))
+        harness.settle()
+        syncs = harness.s.stats().syncs
+        harness.track(harness.s.remove(Q, 1))  # an ack without a receipt
+        harness.settle()
+        assert harness.s.stats().syncs == syncs + (1 if sync_acks else 0)
+        waited = harness.track(harness.s.add(msg(Q, 2), None))
+        harness.settle()
+        assert waited.state is WriteState.WRITTEN
+        assert harness.s.stats().syncs == syncs + (2 if sync_acks else 1)
+        harness.reopen()
+        assert [m.seq for m in harness.s.load(Q, 0, 10, 1 << 20)] == [2]
+    finally:
+        harness.close()
