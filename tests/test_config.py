@@ -348,7 +348,7 @@ def test_ha_is_off_by_default_and_read_from_toml_and_environment(tmp_path: Path)
         ('[ha]\nrole = "primary"', "invalid value 'primary' for role"),
         ("[ha]\nlease_s = 0.5", "ha.lease_s must be between 1 and 600 s"),
         ("[ha]\nlease_s = 3600", "ha.lease_s must be between 1 and 600 s"),
-        ('[ha]\nrole = "auto"\n[store]\nkind = "memory"', "needs store.kind = 'journal'"),
+        ('[ha]\nrole = "auto"\n[store]\nkind = "memory"', "'journal' or 'postgres'"),
         ("[ha]\nwitness = 1", "unknown setting 'witness'"),
     ],
 )

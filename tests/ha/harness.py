@@ -40,6 +40,25 @@ role = "auto"
 lease_s = {lease_s}
 """
 
+# The same on the PostgreSQL store: the lease is in its database; each broker has a data directory
+# of its own for the temp store.
+_PG_CONFIG = """
+[store]
+kind = "postgres"
+url = "{url}"
+schema = "{schema}"
+data_dir = "{data}"
+concurrent_store_and_dispatch_queues = false
+
+[heartbeat]
+send_ms = 500
+receive_ms = 500
+
+[ha]
+role = "auto"
+lease_s = {lease_s}
+"""
+
 # Clients notice a dead or frozen broker within a second or two, and come back quickly.
 CLIENT_OPTIONS = {
     "heartbeat_ms": (500, 500),
@@ -78,10 +97,12 @@ def listening_ports(pid: int) -> set[int]:
 class HaPair:
     """Brokers `a` and `b` on one data directory, each on a port fixed in advance."""
 
-    def __init__(self, root: Path, lease_s: float) -> None:
+    def __init__(self, root: Path, lease_s: float, postgres: tuple[str, str] | None = None) -> None:
         self.root = root
         self.data = root / "data"
         self.lease_s = lease_s
+        # (url, schema) of a PostgreSQL store, instead of the journal on `data`.
+        self.postgres = postgres
         self.ports = {"a": free_port(), "b": free_port()}
         self.procs: list[BrokerProcess] = []
 
@@ -94,7 +115,13 @@ class HaPair:
         """Start broker `name` without waiting for it to listen."""
         workdir = self.root / f"{name}-{len(self.procs)}"
         workdir.mkdir()
-        config = _CONFIG.format(data=self.data, lease_s=self.lease_s)
+        if self.postgres is not None:
+            url, schema = self.postgres
+            config = _PG_CONFIG.format(
+                url=url, schema=schema, data=workdir / "data", lease_s=self.lease_s
+            )
+        else:
+            config = _CONFIG.format(data=self.data, lease_s=self.lease_s)
         port = self.ports.setdefault(name, free_port())
         broker = BrokerProcess(config, workdir, "--stomp", f"127.0.0.1:{port}", *extra_args)
         self.procs.append(broker)
@@ -121,8 +148,10 @@ class HaPair:
 
 
 @contextlib.contextmanager
-def ha_pair(root: Path, lease_s: float) -> Iterator[HaPair]:
-    pair = HaPair(root, lease_s)
+def ha_pair(
+    root: Path, lease_s: float, postgres: tuple[str, str] | None = None
+) -> Iterator[HaPair]:
+    pair = HaPair(root, lease_s, postgres)
     try:
         yield pair
     finally:

@@ -26,6 +26,7 @@ from sluice.errors import SluiceError
 
 if TYPE_CHECKING:
     from sluice.ha import FileLease
+    from sluice.ha.pglease import PgLease
 
 __all__ = ["add_parsers"]
 
@@ -91,22 +92,25 @@ def _run_broker(args: argparse.Namespace) -> int:
         except ImportError:
             log.info("uvloop is not installed; using the default event loop")
 
-    lease: FileLease | None = None
+    lease: FileLease | PgLease | None = None
     if cfg.ha.role is not config_mod.HaRole.OFF:
         lease = _take_lease(cfg)
         if lease is None:
             return ExitCode.OK if cfg.ha.role is config_mod.HaRole.AUTO else ExitCode.FAILURE
 
     async def serve() -> None:
+        from sluice.ha import FileLease  # noqa: PLC0415
         from sluice.server.listener import BrokerServer  # noqa: PLC0415
         from sluice.server.stores import open_stores  # noqa: PLC0415
 
-        # A lease taken because it went unrenewed: its holder may be frozen, not dead.
-        store, temp_store = open_stores(
-            cfg,
-            fence=lease,
-            detach_previous_master=lease is not None and lease.previous_may_be_alive,
-        )
+        if isinstance(lease, FileLease):
+            # A lease taken because it went unrenewed: its holder may be frozen, not dead.
+            store, temp_store = open_stores(
+                cfg, fence=lease, detach_previous_master=lease.previous_may_be_alive
+            )
+        else:
+            # The PostgreSQL store's lease fences each batch in the database too.
+            store, temp_store = open_stores(cfg, database_fence=lease)
         server = BrokerServer(cfg, store, temp_store=temp_store)
         await server.start()
         management = None
@@ -161,30 +165,40 @@ def _run_broker(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _take_lease(cfg: config_mod.Config) -> FileLease | None:
-    """Take the lease on the data directory before anything is opened: wait for it as a slave
+def _take_lease(cfg: config_mod.Config) -> FileLease | PgLease | None:
+    """Take the lease on the store before anything is opened (on the data directory, or in the
+    PostgreSQL store's database): wait for it as a slave
     (`role = "auto"`) or not at all (`master-only`). SIGINT or SIGTERM while waiting ends the
     wait at once (a waiting slave never holds up a rolling deploy): None is returned, as it is
     when `master-only` finds the lease held."""
     from sluice.ha import FileLease  # noqa: PLC0415 - only with [ha]
 
-    lease = FileLease(cfg.store.data_dir, cfg.ha.lease_s, on_lost=_lease_lost)
+    lease: FileLease | PgLease
+    where: object
+    if cfg.store.kind is config_mod.StoreKind.POSTGRES:
+        from sluice.ha.pglease import PgLease  # noqa: PLC0415 - psycopg only then
+
+        lease = PgLease(cfg.store.url, cfg.ha.lease_s, schema=cfg.store.schema, on_lost=_lease_lost)
+        where = f"the database (schema {cfg.store.schema})"
+    else:
+        lease = FileLease(cfg.store.data_dir, cfg.ha.lease_s, on_lost=_lease_lost)
+        where = cfg.store.data_dir
     stop = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in previous:
         signal.signal(sig, lambda _signo, _frame: stop.set())
     try:
-        log.info("taking the lease on %s as %s", cfg.store.data_dir, lease.holder)
+        log.info("taking the lease on %s as %s", where, lease.holder)
         epoch = lease.acquire(stop, wait=cfg.ha.role is config_mod.HaRole.AUTO)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if epoch is None:
         if stop.is_set():
-            log.warning("stopped while waiting for the lease on %s", cfg.store.data_dir)
+            log.warning("stopped while waiting for the lease on %s", where)
         else:
             print(
-                f"sluice broker: the lease on {cfg.store.data_dir} is held by another broker "
+                f"sluice broker: the lease on {where} is held by another broker "
                 "(ha.role = master-only)",
                 file=sys.stderr,
                 flush=True,

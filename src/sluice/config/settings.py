@@ -337,10 +337,11 @@ class HaRole(enum.Enum):
 
 @dataclass(frozen=True)
 class HaSettings:
-    """`[ha]`: master/slave on a shared data directory (see docs/high-availability.md). The
-    master renews its lease every `lease_s / 3`; a waiting broker takes over once the lease has
-    gone `lease_s` without a renewal (at once when the master's process is gone from this
-    machine)."""
+    """`[ha]`: master/slave on a shared store (see docs/high-availability.md): the journal's
+    data directory, or the PostgreSQL store's database, which then holds the lease. The master
+    renews its lease every `lease_s / 3`; a waiting broker takes over once the lease has gone
+    `lease_s` without a renewal (on a shared directory, at once when the master's process is
+    gone from this machine)."""
 
     role: HaRole = HaRole.OFF
     lease_s: float = DEFAULT_LEASE_S
@@ -453,10 +454,10 @@ class Config:
                 f"ha.lease_s must be between {MIN_LEASE_S:g} and {MAX_LEASE_S:g} s "
                 f"(got {ha.lease_s:g})"
             )
-        if ha.role is not HaRole.OFF and self.store.kind is not StoreKind.JOURNAL:
+        if ha.role is not HaRole.OFF and self.store.kind is StoreKind.MEMORY:
             raise ConfigError(
-                f"ha.role = {ha.role.value!r} shares the journal's data directory: it needs "
-                "store.kind = 'journal'"
+                f"ha.role = {ha.role.value!r} shares the store between brokers: it needs "
+                "store.kind = 'journal' or 'postgres'"
             )
 
     def _check_latency(self) -> None:

@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from sluice.config import Config, MiB, StoreKind
 from sluice.errors import StoreError
 from sluice.store.api import Fence, MessageStore
 from sluice.store.memory import MemoryStore
+
+if TYPE_CHECKING:
+    from sluice.store.postgres.writer import DatabaseFence
 
 
 def check_disk_space(config: Config) -> None:
@@ -45,14 +49,19 @@ def check_disk_space(config: Config) -> None:
 
 
 def open_stores(
-    config: Config, fence: Fence | None = None, *, detach_previous_master: bool = False
+    config: Config,
+    fence: Fence | None = None,
+    *,
+    detach_previous_master: bool = False,
+    database_fence: DatabaseFence | None = None,
 ) -> tuple[MessageStore, MessageStore | None]:
     """The store the configuration asks for, and the temp store non-persistent messages spool
     to (a journal in `data_dir/tmp`, with the journal and the PostgreSQL stores: with the memory
     store, a full memory pauses producers). `fence` is the high-availability lease the journal
     checks before it writes (`sluice.ha`); `detach_previous_master`, when the previous master may
     still be alive: cut it off from the journal's newest file and the index first
-    (`sluice.store.journal.detach`)."""
+    (`sluice.store.journal.detach`). `database_fence` is the lease the PostgreSQL store checks
+    in the database in every write transaction."""
     if config.store.kind is StoreKind.MEMORY:
         return MemoryStore(), None
     from sluice.store.journal.store import JournalStore  # noqa: PLC0415 - only when asked for
@@ -65,7 +74,7 @@ def open_stores(
 
     store: MessageStore
     if config.store.kind is StoreKind.POSTGRES:
-        store = _postgres_store(config)
+        store = _postgres_store(config, database_fence)
     else:
         store = JournalStore(
             config.store,
@@ -77,7 +86,7 @@ def open_stores(
     return store, JournalStore(temp_config, temporary=True)
 
 
-def _postgres_store(config: Config) -> MessageStore:
+def _postgres_store(config: Config, fence: DatabaseFence | None) -> MessageStore:
     try:
         from sluice.store.postgres.store import PostgresStore  # noqa: PLC0415 - psycopg then only
     except ImportError as exc:
@@ -89,4 +98,5 @@ def _postgres_store(config: Config) -> MessageStore:
         schema=config.store.schema,
         dedup_window=config.limits.dedup_window,
         sync_acks=config.store.sync_acks,
+        fence=fence,
     )

@@ -59,7 +59,7 @@ from sluice.store.postgres.reads import (
 )
 from sluice.store.postgres.recovery import recover
 from sluice.store.postgres.urls import safe_url
-from sluice.store.postgres.writer import Op, OpKind, TxAdd, Writer
+from sluice.store.postgres.writer import DatabaseFence, Op, OpKind, TxAdd, Writer
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,11 @@ class PostgresStore:
         schema: str = DEFAULT_SCHEMA,
         dedup_window: int = DEFAULT_DEDUP_WINDOW,
         sync_acks: bool = False,
+        fence: DatabaseFence | None = None,
     ) -> None:
         self.url = url
+        # The high-availability lease every write batch is fenced by (`writer.DatabaseFence`).
+        self.fence = fence
         # False: removes nobody waits for and cursor moves commit without waiting for the WAL
         # flush when a batch holds nothing else (`[store] sync_acks`, as with the journal).
         self.sync_acks = sync_acks
@@ -148,6 +151,7 @@ class PostgresStore:
             on_written=self._written,
             on_failed=self._failed,
             lazy_acks=not self.sync_acks,
+            fence=self.fence,
         )
         self._writer.start()
         log.info(

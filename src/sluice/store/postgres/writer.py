@@ -23,11 +23,11 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
-from sluice.errors import StoreError
+from sluice.errors import FencedError, StoreError
 from sluice.store.api import (
     DEDUP_HEADER,
     CompletionSink,
@@ -159,6 +159,27 @@ class WriterState:
     dedup_window: int
 
 
+class DatabaseFence(Protocol):
+    """The high-availability lease as the writer uses it (`sluice.ha.PgLease`): checked on this
+    process's clock before each batch, and in the database by `statement()`, run first in every
+    batch's transaction, which raises an error holding `message` unless the lease is still this
+    process's. `lost(reason)` is told when the database refused a batch so."""
+
+    message: str
+
+    def check(self) -> None:
+        """Raise `FencedError` unless the lease is held and valid now."""
+        ...
+
+    def statement(self) -> tuple[str, Sequence[Any]]:
+        """The fencing statement and its parameters."""
+        ...
+
+    def lost(self, reason: str) -> None:
+        """The lease is lost: stop serving."""
+        ...
+
+
 class Writer:
     """Owns the write connection once started."""
 
@@ -173,8 +194,10 @@ class Writer:
         on_written: Callable[[Sequence[Op]], None],
         on_failed: Callable[[Sequence[Op]], None],
         lazy_acks: bool = True,
+        fence: DatabaseFence | None = None,
     ) -> None:
         self.conn = conn
+        self.fence = fence
         # Batches of lazy removes and cursor moves alone commit without waiting for the flush.
         self.lazy_acks = lazy_acks
         self.state = state
@@ -276,6 +299,15 @@ class Writer:
             self._fail(batch, handles, self.failed)
             return
         statements = _Statements()
+        fence = self.fence
+        if fence is not None:
+            try:
+                fence.check()
+            except FencedError as exc:
+                self._set_failed(exc)
+                self._fail(batch, handles, exc)
+                return
+            statements.add(*fence.statement())
         writes = [op for op in batch if op.kind is not OpKind.NOTHING]
         # Nobody waits for these to be durable: the commit does not wait for the WAL flush; the
         # next synchronous commit (or the WAL writer, within a fraction of a second) covers it.
@@ -306,9 +338,13 @@ class Writer:
                 statements.run(cur)
             self.conn.commit()
         except (psycopg.Error, OSError) as exc:
+            error: BaseException = exc
+            if fence is not None and fence.message in str(exc):
+                error = FencedError("the database refused a batch: this broker lost its lease")
+                fence.lost("the database refused a batch for want of the lease")
             log.error("postgres: a batch of %d writes failed; the store stops: %s", len(batch), exc)
-            self._set_failed(exc)
-            self._fail(batch, handles, exc)
+            self._set_failed(error)
+            self._fail(batch, handles, error)
             return
         with self.lock:
             for handle in handles:
