@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP_RUN := $(VENV)/.installed
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest setup clean java
+.PHONY: run test lint typecheck pytest setup clean java chromium
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -29,6 +29,13 @@ java:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			--no-install-recommends openjdk-17-jre-headless >/dev/null; }
 
+# The console's browser tests drive Debian's Chromium and its driver (never a downloaded build).
+chromium:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+		echo "installing chromium and chromium-driver for the browser tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends chromium chromium-driver fonts-dejavu-core >/dev/null; }
+
 setup: $(STAMP_DEV)
 
 run: $(STAMP_RUN)
@@ -41,7 +48,7 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-pytest: setup java
+pytest: setup java chromium
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest

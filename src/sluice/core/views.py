@@ -208,7 +208,9 @@ class StreamView:
     Chunk numbers are `x-stream-seq`s. The reader holds `chunks_in_flight` chunks, the furthest
     `delivered_chunk`; `resume_chunk` (at byte `resume_offset`) is the first chunk not
     acknowledged, where the next reader starts if this one dies (None when no chunk of it is in
-    memory: the rest waits in the store)."""
+    memory: the rest waits in the store). `last_chunk` is the furthest chunk held in memory,
+    `ended` whether it is the stream's end (whose `x-stream-length` is `length_bytes`): with
+    them a reader's progress can be shown (`resume_chunk` of `last_chunk + 1`)."""
 
     destination: str
     stream_id: str
@@ -222,3 +224,6 @@ class StreamView:
     delivered_chunk: int | None
     resume_chunk: int | None
     resume_offset: int | None
+    last_chunk: int | None = None
+    ended: bool = False
+    length_bytes: int | None = None

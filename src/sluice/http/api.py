@@ -1,4 +1,5 @@
-"""The API's overview and destinations: `/api/overview`, `/api/destinations` (list, filter,
+"""The API's overview and destinations: `/api/overview` (and `/api/overview/history`, its
+recent samples for charts), `/api/destinations` (list, filter,
 sort, paginate) and one destination (`/api/destinations/{queue|topic}/{name}`: show, create
 with PUT, delete). Its messages are in `messages.py`.
 
@@ -163,6 +164,17 @@ class DestinationsApi:
         }
         return web.json_response(body)
 
+    async def history(self, request: web.Request) -> web.Response:
+        """The broker's recent samples (rates, depth, memory, store), oldest first."""
+        caller_of(request).require_broker(Permission.READ)
+        sampler = self.server.rates
+        return web.json_response(
+            {
+                "interval_s": sampler.interval_s,
+                "samples": [dataclasses.asdict(sample) for sample in sampler.history],
+            }
+        )
+
     # -- destinations ---------------------------------------------------------------------------
 
     async def list(self, request: web.Request) -> web.Response:
@@ -235,6 +247,7 @@ def routes(server: Serving) -> list[web.RouteDef]:
     one = "/api/destinations/{kind}/{name}"
     return [
         web.get("/api/overview", handlers.overview, allow_head=False),
+        web.get("/api/overview/history", handlers.history, allow_head=False),
         web.get("/api/destinations", handlers.list, allow_head=False),
         web.get(one, handlers.show, allow_head=False),
         web.put(one, handlers.create),

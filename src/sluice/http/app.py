@@ -31,8 +31,10 @@ from sluice.errors import SluiceError
 from sluice.http import api, connections, definitions, downloads, messages, metrics, store
 from sluice.http.context import Managed
 from sluice.http.errors import ApiError, ErrorCode, error_response
-from sluice.http.gate import CALLER, authenticate
+from sluice.http.gate import CALLER
+from sluice.http.pages import ConsoleFiles, security_headers
 from sluice.http.rates import RateSampler
+from sluice.http.sessions import ConsoleAuth
 
 __all__ = ["ManagementServer"]
 
@@ -79,6 +81,9 @@ class ManagementServer:
         self._runner: web.AppRunner | None = None
         self._tls_listener: TlsListener | None = None
         self._sampler: RateSampler | None = None
+        # Console logins and the cross-site checks; the console's files when it is on.
+        self.auth = ConsoleAuth(managed, self.settings)
+        self.console = ConsoleFiles() if self.settings.console else None
         self.app = self._build_app()
 
     # -- the application ------------------------------------------------------------------------
@@ -95,7 +100,16 @@ class ManagementServer:
         app.router.add_routes(definitions.routes(self))
         app.router.add_routes(connections.routes(self))
         app.router.add_routes(metrics.routes(self))
+        app.router.add_routes(self.auth.routes())
+        if self.console is not None:
+            app.router.add_routes(self.console.routes())
+        app.on_response_prepare.append(security_headers)
         return app
+
+    def _is_open(self, request: web.Request) -> bool:
+        if request.path in _OPEN_PATHS or self.auth.is_open(request):
+            return True
+        return self.console is not None and self.console.is_open(request)
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -104,9 +118,8 @@ class ManagementServer:
             limit = LARGE_BODY_PATHS.get(request.path, MAX_REQUEST_BYTES)
             if length is not None and length > limit:
                 raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body over {limit} bytes")
-            if request.path not in _OPEN_PATHS:
-                managed = self.managed
-                request[CALLER] = await authenticate(request, managed.guard, managed.broker)
+            if not self._is_open(request):
+                request[CALLER] = await self.auth.caller(request)
             return await handler(request)
         except ApiError as exc:
             return error_response(exc.code, exc.message, exc.headers, exc.problems)

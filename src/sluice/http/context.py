@@ -69,6 +69,11 @@ class Managed(Protocol):
         none."""
         ...
 
+    def current_identity(self, identity: Identity) -> Identity | None:
+        """Who a user logged in earlier is now (a reload may change the groups); None once
+        the user may no longer log in."""
+        ...
+
 
 class Serving(Protocol):
     """What the API's handlers ask of the management server that routes to them."""
