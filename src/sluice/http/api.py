@@ -49,6 +49,8 @@ _SORT_KEYS: dict[str, Any] = {
     )
 }
 
+_BY_NAME: dict[str, Any] = {"name": lambda name: name}
+
 
 def _rss_bytes() -> int | None:
     """The broker process's resident memory (Linux), None where it cannot be read."""
@@ -186,6 +188,19 @@ class DestinationsApi:
         if kind is not None and kind not in _KINDS:
             raise ApiError(ErrorCode.BAD_REQUEST, "kind must be queue or topic")
         part = query.get("name", "")
+        if query.get("sort", "name") == "name":
+            # By name (the default): only the page's destinations are looked at, so that a
+            # broker of ten thousand answers as fast as a small one.
+            prefix = "/" if kind is None else f"/{kind}/"
+            names = [
+                name
+                for name in self.broker.destination_names()
+                if name.startswith(prefix) and part in name and caller.allows(name, Permission.READ)
+            ]
+            page = page_of(
+                names, query, sort_keys=_BY_NAME, default_sort="name", render=self._render_name
+            )
+            return web.json_response(page)
         views = [
             view
             for view in self.broker.destination_views()
@@ -195,6 +210,9 @@ class DestinationsApi:
         ]
         page = page_of(views, query, sort_keys=_SORT_KEYS, default_sort="name", render=self.render)
         return web.json_response(page)
+
+    def _render_name(self, name: str) -> dict[str, Any]:
+        return self.render(self._view(name))
 
     async def show(self, request: web.Request) -> web.Response:
         """One destination."""

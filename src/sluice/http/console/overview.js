@@ -34,7 +34,8 @@ export function overviewPage(ctx) {
     h("div", { class: "charts" }, rates.element, depth.element, memory.element),
   );
 
-  ctx.every(2000, async () => {
+  // Every 5 s: the overview looks at every destination, and its rates change at that pace.
+  ctx.every(5000, async () => {
     const o = await get("/api/overview");
     fill(
       cards,
