@@ -311,3 +311,21 @@ def test_history_keeps_the_samples_for_the_charts(managed: Managed) -> None:
         "store_bytes",
     }
     assert http.get("/api/store").json["history"] == []
+
+
+def test_the_console_never_writes_html_from_strings() -> None:
+    folder = ROOT / "src" / "sluice" / "http" / "console"
+    scripts = sorted(folder.glob("*.js"))
+    assert len(scripts) >= 10
+    risky = ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "Function(")
+    found = [
+        f"{path.name}: {word}"
+        for path in scripts
+        for word in risky
+        if word in path.read_text(encoding="utf-8")
+    ]
+    assert found == []
+    # Nor inline script or style in the page (the CSP would refuse them).
+    page = (folder / "index.html").read_text(encoding="utf-8")
+    assert "<script>" not in page
+    assert "style=" not in page
