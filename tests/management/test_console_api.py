@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from server.test_auth import PASSWORDS, _write_users
+from server.test_tls import Pki
 from sluice.auth.identity import Identity
 from sluice.config import HttpSettings
 from sluice.http.pages import CONTENT_SECURITY_POLICY
@@ -27,6 +28,7 @@ from sluice.http.sessions import Sessions
 
 from .conftest import Managed, start_managed
 from .test_auth import ACL
+from .test_tls import _https, _secured, _tls
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -329,3 +331,19 @@ def test_the_console_never_writes_html_from_strings() -> None:
     page = (folder / "index.html").read_text(encoding="utf-8")
     assert "<script>" not in page
     assert "style=" not in page
+
+
+def test_over_https_the_cookie_is_secure(tmp_path: Path) -> None:
+    (tmp_path / "pki").mkdir()
+    pki = Pki(tmp_path / "pki")
+    running = _secured(tmp_path, _tls(pki, "optional"))
+    try:
+        https = _https(running, pki)
+        answer = https.post("/api/session", {"login": "alice", "passcode": PASSWORDS["alice"]})
+        assert answer.status == 200
+        morsel = SimpleCookie(answer.headers["Set-Cookie"])["sluice_session"]
+        assert morsel["secure"] is True
+        assert morsel["httponly"] is True
+        assert answer.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+    finally:
+        running.stop()

@@ -1,7 +1,9 @@
 """The management server: an aiohttp application on the broker's event loop, its routes, the
 checks every request goes through (`_guard`: who calls, and errors as JSON), and the health
 checks. The API's handlers are in `api.py`, `messages.py`, `downloads.py`, `connections.py`,
-`store.py` and `definitions.py`, the metrics in `metrics.py`.
+`store.py` and `definitions.py`, the metrics in `metrics.py`; the web console's files and the
+security headers of every answer in `pages.py`, its logins (sessions, CSRF, Origin) in
+`sessions.py`.
 
 No thread per request: handlers run on the loop and only ask the core for values; a password
 hash runs on the broker's login threads (`gate.py`).
