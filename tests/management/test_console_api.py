@@ -347,3 +347,23 @@ def test_over_https_the_cookie_is_secure(tmp_path: Path) -> None:
         assert answer.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
     finally:
         running.stop()
+
+
+def test_a_browser_must_reach_a_loopback_server_by_a_loopback_name(managed: Managed) -> None:
+    port = managed.server.port
+    browser = {"Sec-Fetch-Site": "same-origin"}
+    rebound = {**browser, "Host": f"evil.example:{port}"}
+    refused = call(managed, "GET", "/api/overview", headers=rebound)
+    assert refused.status == 403
+    assert "loopback" in refused.json["error"]["message"]
+    assert (
+        call(managed, "POST", "/api/session", {"login": "a", "passcode": "b"}, rebound).status
+        == 403
+    )
+    assert managed.broker.stats()["http_host_refused"] == 2
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost"):
+        assert (
+            call(managed, "GET", "/api/overview", headers={**browser, "Host": host}).status == 200
+        )
+    # A client that is not a browser (no Sec-Fetch-Site) may name the host it likes.
+    assert call(managed, "GET", "/api/overview", headers={"Host": "broker.example"}).status == 200

@@ -23,6 +23,9 @@ checks against cross-site requests.
   what the API would allow.
 - A request marked `X-Sluice-Console` gets its 401 without a `WWW-Authenticate` challenge, so
   the browser shows the console's login form and not its own dialog.
+- A server on a loopback address answers a browser's request (one with `Sec-Fetch-Site`) only
+  when its `Host` is a loopback name or address: a page elsewhere whose name is made to resolve
+  to 127.0.0.1 (DNS rebinding) would otherwise be of the same origin as the console.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any
 from aiohttp import web
 
 from sluice.auth.identity import Identity, Permission, Refusal
-from sluice.config import HttpSettings
+from sluice.config import HttpSettings, is_loopback
 from sluice.http.context import Managed
 from sluice.http.errors import ApiError, ErrorCode
 from sluice.http.gate import EVERY_DESTINATION, Caller, authenticate, caller_of
@@ -161,10 +164,28 @@ class ConsoleAuth:
         self.managed = managed
         self.settings = settings
         self.sessions = Sessions(settings, managed.broker.count)
+        self._loopback = is_loopback(settings.host)
 
     def is_open(self, request: web.Request) -> bool:
         """Whether a request is answered without credentials: a login."""
         return request.path == LOGIN_PATH and request.method == "POST"
+
+    def check_host(self, request: web.Request) -> None:
+        """On a loopback server, refuse a browser's request made to another name (403,
+        counted)."""
+        if not self._loopback or "Sec-Fetch-Site" not in request.headers:
+            return
+        host = request.host
+        name = host[1 : host.find("]")] if host.startswith("[") else host.rpartition(":")[0]
+        name = name or host
+        if is_loopback(name) or name == self.settings.host:
+            return
+        self.managed.broker.count("http_host_refused")
+        log.warning("refused a browser's %s %s to host %r", request.method, request.path, host)
+        raise ApiError(
+            ErrorCode.FORBIDDEN,
+            "this server is on a loopback address: browsers reach it at 127.0.0.1 or localhost",
+        )
 
     def check_origin(self, request: web.Request) -> None:
         """Refuse a state-changing request from a page of another origin (403, counted)."""
@@ -185,6 +206,7 @@ class ConsoleAuth:
 
     async def caller(self, request: web.Request) -> Caller:
         """Who made a request: its session, or whoever its credentials name."""
+        self.check_host(request)
         self.check_origin(request)
         managed = self.managed
         if "Authorization" not in request.headers:
@@ -226,6 +248,7 @@ class ConsoleAuth:
 
     async def login(self, request: web.Request) -> web.Response:
         """Check a login and passcode; on success set the session cookie."""
+        self.check_host(request)
         self.check_origin(request)
         if request.content_length is not None and request.content_length > MAX_LOGIN_BYTES:
             raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"a login is at most {MAX_LOGIN_BYTES}")
