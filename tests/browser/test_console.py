@@ -106,6 +106,7 @@ def test_depth_changes_while_a_producer_runs(console: Managed, chromium: webdriv
                 chromium, "#stat-ready", lambda t, n=batch * 50: t == str(n), f"{batch * 50}"
             )
             assert shown == str(batch * 50)
+            console.broker.call(console.server.rates.sample)  # a point of the overview's charts
     finally:
         producer.disconnect()
     screenshot(chromium, "destination")
