@@ -367,3 +367,31 @@ def test_a_browser_must_reach_a_loopback_server_by_a_loopback_name(managed: Mana
         )
     # A client that is not a browser (no Sec-Fetch-Site) may name the host it likes.
     assert call(managed, "GET", "/api/overview", headers={"Host": "broker.example"}).status == 200
+
+
+def test_console_logins_go_through_the_throttle(tmp_path: Path) -> None:
+    users = tmp_path / "users.toml"
+    _write_users(users)
+    running = start_managed(
+        auth={"users_file": str(users)},
+        limits={
+            "login_failure_delay_s": 0,
+            "login_lockout_failures": 3,
+            "login_lockout_window_s": 60,
+        },
+    )
+    try:
+        wrong = {"login": "alice", "passcode": "guess"}
+        for _ in range(3):
+            assert call(running, "POST", "/api/session", wrong).status == 401
+        right = {"login": "alice", "passcode": PASSWORDS["alice"]}
+        locked = call(running, "POST", "/api/session", right)
+        assert locked.status == 401
+        assert "too many failed logins" in locked.json["error"]["message"]
+        stats = running.broker.stats()
+        assert stats["login_failures"] == 3
+        assert stats["login_refused_locked_out"] == 1
+        # Basic auth meets the same lockout: one throttle for every way in.
+        assert running.http.as_user("alice", PASSWORDS["alice"]).get("/api/whoami").status == 401
+    finally:
+        running.stop()
