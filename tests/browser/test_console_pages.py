@@ -13,7 +13,7 @@ import stomp
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
-from management.conftest import Http, Managed
+from management.conftest import Http, Managed, start_managed
 from server.test_auth import PASSWORDS
 
 from .consolekit import element, go, login, screenshot, start_console, wait_for, wait_text
@@ -154,3 +154,24 @@ def test_a_durable_subscription_is_deleted_from_the_page(
     wait_text(chromium, "#durables-table", lambda t: "audit-app" not in t, "the row gone")
     left = admin.get("/api/subscriptions").json["items"]
     assert [(s["client_id"], s["name"]) for s in left] == [("dashboard-app", "dashboard")]
+
+
+def test_without_users_the_console_opens_as_anonymous(
+    tmp_path: Path, chromium: webdriver.Chrome
+) -> None:
+    running = start_managed()  # no users file: loopback only, everyone anonymous
+    try:
+        chromium.get(f"http://127.0.0.1:{running.server.port}/")
+        wait_text(chromium, "#who-user", lambda t: t == "anonymous", "the anonymous user")
+        assert not chromium.find_element(By.ID, "login").is_displayed()
+        assert not chromium.find_element(By.ID, "logout").is_displayed()
+        go(chromium, "#/destinations")
+        element(chromium, "#create-name").send_keys("/queue/made.in.the.console")
+        element(chromium, "#create-name").submit()
+        wait_text(
+            chromium, "#destinations-table", lambda t: "/queue/made.in.the.console" in t, "created"
+        )
+        names = [d["name"] for d in running.http.get("/api/destinations").json["items"]]
+        assert names == ["/queue/made.in.the.console"]
+    finally:
+        running.stop()

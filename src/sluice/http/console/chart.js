@@ -18,6 +18,7 @@ function niceStep(range) {
  */
 export function lineChart(title, series, { format = (v) => String(v), height = 160 } = {}) {
   const canvas = h("canvas", { class: "chart", height, width: 480, role: "img", "aria-label": title });
+  canvas.style.height = `${height}px`; // CSS pixels, whatever the backing store's resolution
   const legend = h(
     "div",
     { class: "legend" },
@@ -82,6 +83,11 @@ export function lineChart(title, series, { format = (v) => String(v), height = 1
       ctx.stroke();
     });
   }
+
+  // Redrawn at its new width when the page's layout changes (the window is resized).
+  new ResizeObserver(() => {
+    if (last) draw(...last);
+  }).observe(canvas);
 
   return {
     element: box,
