@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from selenium import webdriver
@@ -13,8 +12,6 @@ from selenium.webdriver.chrome.service import Service
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-# Screenshots of the console for the docs, overwritten by each run.
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 
 
 def _driver() -> webdriver.Chrome:

@@ -16,8 +16,6 @@ from selenium.webdriver.support.ui import WebDriverWait
 from management.conftest import Managed, start_managed
 from server.test_auth import PASSWORDS, _write_users
 
-from .conftest import SCREENSHOTS
-
 # alice is in ops (everything), bob in shop (reads and writes /queue/shop.>, nothing else).
 ACL: list[dict[str, Any]] = [
     {
@@ -30,6 +28,8 @@ ACL: list[dict[str, Any]] = [
     {"destination": "/topic/>", "read": ["ops"], "write": ["ops"], "admin": ["ops"]},
 ]
 WAIT_S = 20.0
+# Screenshots of the console for the docs, overwritten by each run.
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 
 
 def start_console(tmp_path: Path, **overrides: Any) -> Managed:

@@ -20,6 +20,7 @@ from .consolekit import (
     base_url,
     click,
     confirm,
+    console_errors,
     element,
     go,
     login,
@@ -245,3 +246,31 @@ def test_close_a_connection(console: Managed, chromium: webdriver.Chrome) -> Non
         assert other.is_connected()
     finally:
         other.disconnect()
+
+
+def test_every_page_runs_without_script_errors_or_csp_refusals(
+    console: Managed, chromium: webdriver.Chrome
+) -> None:
+    admin = console.http.as_user("alice", PASSWORDS["alice"])
+    assert admin.post("/api/destinations/queue/orders/messages", {"body": "o"}).status == 201
+    login(chromium, console, "alice")
+    headings = {
+        "#/overview": "Overview",
+        "#/destinations": "Destinations",
+        _page("/queue/orders"): "/queue/orders",
+        "#/connections": "Connections",
+        "#/subscriptions": "Subscriptions",
+        "#/streams": "Streams in progress",
+        "#/journal": "Journal",
+    }
+    for where, heading in headings.items():
+        go(chromium, where)
+        wait_text(chromium, "#main h1", lambda t, h=heading: t == h, heading)
+        # Each page's first data drawn (a table, or the overview's cards).
+        element(chromium, "#main table, #overview-cards .card")
+    problems = [
+        line
+        for line in console_errors(chromium)
+        if "Content Security Policy" in line or "Uncaught" in line or "Error" in line
+    ]
+    assert problems == []
