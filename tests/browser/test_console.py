@@ -274,3 +274,51 @@ def test_every_page_runs_without_script_errors_or_csp_refusals(
         if "Content Security Policy" in line or "Uncaught" in line or "Error" in line
     ]
     assert problems == []
+
+
+def test_send_then_copy_and_move_selected_messages(
+    console: Managed, chromium: webdriver.Chrome
+) -> None:
+    admin = console.http.as_user("alice", PASSWORDS["alice"])
+    assert admin.put("/api/destinations/queue/inbox").status == 201
+    login(chromium, console, "alice")
+    go(chromium, _page("/queue/inbox"))
+    # Three messages sent from the page, each with a header.
+    element(chromium, "#send-panel summary").click()
+    for n in range(3):
+        element(chromium, "#send-body").send_keys(f"letter {n}")
+        headers = element(chromium, "#send-headers")
+        headers.clear()
+        headers.send_keys(f"letter-number: {n}")
+        click(chromium, "#send-submit")
+        wait_text(
+            chromium, "#toast", lambda t: t.startswith("Sent ") and "/queue/inbox" in t, "sent"
+        )
+        wait_text(chromium, "#stat-ready", lambda t, n=n: t == str(n + 1), f"{n + 1} messages")
+        chromium.execute_script("document.getElementById('toast').textContent = ''")
+    browsed = admin.get("/api/destinations/queue/inbox/messages").json["items"]
+    assert [(m["body_preview"], m["headers"]["letter-number"]) for m in browsed] == [
+        ("letter 0", "0"),
+        ("letter 1", "1"),
+        ("letter 2", "2"),
+    ]
+    click(chromium, "#messages-refresh")
+    wait_for(chromium, lambda d: len(d.find_elements(By.CSS_SELECTOR, "input.pick")) == 3, "rows")
+    picks = chromium.find_elements(By.CSS_SELECTOR, "input.pick")
+    picks[0].click()
+    picks[1].click()
+    target = element(chromium, "#move-target")
+    target.send_keys("/queue/copies")
+    click(chromium, "#messages-copy")
+    wait_text(chromium, "#toast", lambda t: t == "copy: 2 of 2 messages", "the copy")
+    assert _depth(console, "/queue/copies") == 2
+    assert _depth(console, "/queue/inbox") == 3
+    # A copy leaves the selection; a move takes the selected messages away.
+    target.clear()
+    target.send_keys("/queue/archive")
+    click(chromium, "#messages-move")
+    wait_text(chromium, "#toast", lambda t: t == "move: 2 of 2 messages", "the move")
+    assert _depth(console, "/queue/archive") == 2
+    wait_text(chromium, "#stat-ready", lambda t: t == "1", "one message left")
+    left = admin.get("/api/destinations/queue/inbox/messages").json["items"]
+    assert [m["body_preview"] for m in left] == ["letter 2"]
