@@ -34,7 +34,6 @@ def _driver() -> webdriver.Chrome:
         "--lang=en-US",
     ):
         options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
