@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import stomp
 
 from server.test_auth import PASSWORDS, _write_users
 from server.test_tls import Pki
@@ -25,6 +26,7 @@ from sluice.auth.identity import Identity
 from sluice.config import HttpSettings
 from sluice.http.pages import CONTENT_SECURITY_POLICY
 from sluice.http.sessions import Sessions
+from waiting import wait_until
 
 from .conftest import Managed, start_managed
 from .test_auth import ACL
@@ -395,3 +397,30 @@ def test_console_logins_go_through_the_throttle(tmp_path: Path) -> None:
         assert running.http.as_user("alice", PASSWORDS["alice"]).get("/api/whoami").status == 401
     finally:
         running.stop()
+
+
+def test_the_overview_sums_what_the_destinations_show(managed: Managed) -> None:
+    http = managed.http
+    for i in range(5):
+        assert http.post("/api/destinations/queue/a/messages", {"body": f"a{i}"}).status == 201
+    assert http.post("/api/destinations/queue/b/messages", {"body": "b"}).status == 201
+    assert http.put("/api/destinations/topic/t").status == 201
+    consumer = stomp.Connection12([("127.0.0.1", managed.broker.port)])
+    consumer.connect(wait=True)
+    try:
+        consumer.subscribe("/queue/a", id="1", ack="client", headers={"activemq.prefetchSize": "2"})
+        wait_until(
+            lambda: http.get("/api/destinations/queue/a").json["messages_in_flight"] == 2,
+            what="two messages in flight",
+        )
+        items = http.get("/api/destinations").json["items"]
+        overview = http.get("/api/overview").json["destinations"]
+        assert overview == {
+            "queues": 2,
+            "topics": 1,
+            "messages_ready": sum(d["messages_ready"] for d in items),
+            "messages_in_flight": sum(d["messages_in_flight"] for d in items),
+        }
+        assert (overview["messages_ready"], overview["messages_in_flight"]) == (4, 2)
+    finally:
+        consumer.disconnect()

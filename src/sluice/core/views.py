@@ -37,6 +37,17 @@ class Traffic:
         self.expired = 0
 
 
+@dataclass(slots=True)
+class DepthTotals:
+    """Every destination summed: how many queues and topics, what they hold ready and what
+    their consumers hold in flight (`Broker.depth_totals`)."""
+
+    queues: int = 0
+    topics: int = 0
+    messages_ready: int = 0
+    messages_in_flight: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Totals:
     """Message counts of the whole broker since it started; they never go down, whatever

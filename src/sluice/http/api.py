@@ -105,7 +105,7 @@ class DestinationsApi:
         broker = self.broker
         config = broker.config
         stats = broker.snapshot()
-        views = broker.destination_views()
+        depth = broker.depth_totals()
         totals = dataclasses.asdict(broker.totals())
         store, temp = broker.store_disk, broker.temp_disk
         body = {
@@ -115,12 +115,7 @@ class DestinationsApi:
             "started_at_ms": broker.started_ms,
             "totals": totals,
             "rates": dataclasses.asdict(self.server.rates.broker_rates),
-            "destinations": {
-                "queues": sum(1 for v in views if v.kind == "queue"),
-                "topics": sum(1 for v in views if v.kind == "topic"),
-                "messages_ready": sum(v.messages_ready for v in views),
-                "messages_in_flight": sum(v.messages_in_flight for v in views),
-            },
+            "destinations": dataclasses.asdict(depth),
             "connections": len(self.server.managed.connection_views()),
             "memory": {
                 "used_bytes": broker.usage.used,
