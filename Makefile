@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP_RUN := $(VENV)/.installed
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest setup clean java chromium
+.PHONY: run test lint typecheck pytest setup clean java browser
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -29,12 +29,18 @@ java:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			--no-install-recommends openjdk-17-jre-headless >/dev/null; }
 
-# The console's browser tests drive Debian's Chromium and its driver (never a downloaded build).
-chromium:
-	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
-		echo "installing chromium and chromium-driver for the browser tests"; \
+# The browser tests: Debian's Chromium and its driver (never a browser download), npm for
+# the JavaScript libraries their pages load, and a font for the console's screenshots.
+browser:
+	@{ command -v chromium && command -v chromedriver && command -v npm; } >/dev/null 2>&1 || { \
+		echo "installing chromium, chromium-driver and npm for the browser tests"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			--no-install-recommends chromium chromium-driver fonts-dejavu-core >/dev/null; }
+			--no-install-recommends chromium chromium-driver npm fonts-dejavu-core >/dev/null; }
+
+# Those libraries, at the versions of the lockfile, from the npm registry.
+JS := tests/browser/js
+$(JS)/node_modules/.package-lock.json: $(JS)/package.json $(JS)/package-lock.json | browser
+	cd $(JS) && npm ci --no-audit --no-fund --loglevel=error
 
 setup: $(STAMP_DEV)
 
@@ -48,10 +54,10 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-pytest: setup java chromium
+pytest: setup java browser $(JS)/node_modules/.package-lock.json
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) build dist src/*.egg-info $(JS)/node_modules

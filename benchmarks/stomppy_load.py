@@ -6,7 +6,12 @@ Each producer is an OS process of its own (multiprocessing, spawn) holding one b
 `Connection12`. Every SEND carries a `receipt` header and the producer waits for that RECEIPT
 (a listener sets a `threading.Event` from stomp.py's receiver thread) before its next SEND: the
 synchronous publisher of an application. Latency is the time from just before `send()` until the
-producer's thread wakes with the receipt, as the application sees it.
+producer's thread wakes with the receipt, as the application sees it. For throughput runs,
+`--receipt-every N` asks for a receipt on every Nth send only (and the last), and `--window K`
+lets K of them be unanswered at once, as `sluice bench throughput`'s `--receipt-every` and
+`--max-receipts` do; the latency is then timed on stomp.py's receiver thread, and with consumers
+the summary also gives `delivered_per_s`, from the first measured send to the last message any
+consumer received (how `sluice bench throughput` counts).
 
 A run: consumer processes (optional) subscribe and confirm with a receipt; producer processes
 connect and send `--warmup` messages each, unmeasured; then all start together on a signal and
@@ -65,34 +70,50 @@ class LoadError(Exception):
 
 
 class _Receipts(stomp.ConnectionListener):  # type: ignore[misc]
-    """Wakes the producer's thread when the RECEIPT it waits for arrives (or the link fails)."""
+    """The RECEIPTs a producer waits for: up to `--window` unanswered at once, each timed from its
+    send to its arrival on stomp.py's receiver thread; wakes the producer's thread when one arrives
+    (or the link fails)."""
 
     def __init__(self) -> None:
-        self.event = threading.Event()
-        self.waiting: str | None = None
+        self.cond = threading.Condition()
+        self.outstanding: dict[str, int] = {}
+        self.arrived_us: list[int] = []
+        self.last_ns = 0
         self.error: str | None = None
 
-    def expect(self, receipt_id: str) -> None:
-        self.event.clear()
-        self.waiting = receipt_id
+    def sent(self, receipt_id: str, sent_ns: int) -> None:
+        with self.cond:
+            self.outstanding[receipt_id] = sent_ns
 
-    def wait(self, timeout_s: float) -> None:
-        if not self.event.wait(timeout_s):
-            raise LoadError(f"no RECEIPT for {self.waiting} within {timeout_s:g} s")
-        if self.error is not None:
-            raise LoadError(self.error)
+    def wait_below(self, window: int, timeout_s: float) -> None:
+        """Return once fewer than `window` receipts are unanswered."""
+        with self.cond:
+            if not self.cond.wait_for(
+                lambda: len(self.outstanding) < window or self.error is not None, timeout_s
+            ):
+                raise LoadError(f"no RECEIPT for {sorted(self.outstanding)[:3]} in {timeout_s:g} s")
+            if self.error is not None:
+                raise LoadError(self.error)
 
     def on_receipt(self, frame: Any) -> None:
-        if frame.headers.get("receipt-id") == self.waiting:
-            self.event.set()
+        now = time.monotonic_ns()
+        with self.cond:
+            sent_ns = self.outstanding.pop(frame.headers.get("receipt-id", ""), None)
+            if sent_ns is not None:
+                self.arrived_us.append((now - sent_ns) // _NS_PER_US)
+                self.last_ns = now
+                self.cond.notify_all()
 
     def on_error(self, frame: Any) -> None:
-        self.error = f"broker sent ERROR: {frame.headers.get('message', '')} {frame.body!r:.200}"
-        self.event.set()
+        with self.cond:
+            message = frame.headers.get("message", "")
+            self.error = f"broker sent ERROR: {message} {frame.body!r:.200}"
+            self.cond.notify_all()
 
     def on_disconnected(self) -> None:
-        self.error = self.error or "disconnected by the broker"
-        self.event.set()
+        with self.cond:
+            self.error = self.error or "disconnected by the broker"
+            self.cond.notify_all()
 
 
 def _connect(options: dict[str, Any], listener: stomp.ConnectionListener) -> stomp.Connection12:
@@ -131,24 +152,34 @@ def _producer_main(
         timeout_s = options["timeout_s"]
         tag = f"p{index}-"
 
-        def send(seq: int) -> tuple[int, int]:
-            receipt_id = tag + str(seq)
-            listener.expect(receipt_id)
+        every, window = options["receipt_every"], options["window"]
+
+        def send(seq: int, last: bool) -> int | None:
+            """Send one message; with a receipt every `every` (and the last), then wait until
+            fewer than `window` are unanswered. The send-to-receipt time as the producer's thread
+            sees it when the window is 1, else None (the receiver thread timed it)."""
             sent_ns = time.monotonic_ns()
+            if (seq + 1) % every and not last:
+                conn.send(destination, _body(index, seq, size), headers=headers)
+                return None
+            receipt_id = tag + str(seq)
+            listener.sent(receipt_id, sent_ns)
             conn.send(destination, _body(index, seq, size), headers=headers, receipt=receipt_id)
-            listener.wait(timeout_s)
-            return sent_ns, time.monotonic_ns()
+            listener.wait_below(window, timeout_s)
+            return (time.monotonic_ns() - sent_ns) // _NS_PER_US if window == 1 else None
 
         warmup, count = options["warmups"][index], options["counts"][index]
         for seq in range(warmup):
-            send(seq)
+            send(seq, seq == warmup - 1)
+        listener.wait_below(1, timeout_s)
+        listener.arrived_us.clear()
         results.put({"role": "producer", "index": index, "event": "ready"})
         if not start.wait(timeout_s):
             raise LoadError("no start signal")
         latencies: list[int] = []
         late = 0
         cpu_before = time.process_time()
-        first_ns = last_ns = 0
+        first_ns = 0
         rate = options["rate"] / options["producers"] if options["rate"] else 0.0
         origin = origin_ns.value
         for k in range(count):
@@ -159,11 +190,15 @@ def _producer_main(
                     time.sleep(wait_ns / _NS_PER_S)
                 elif -wait_ns > _LATE_NS:
                     late += 1
-            sent_ns, receipt_ns = send(warmup + k)
             if not first_ns:
-                first_ns = sent_ns
-            last_ns = receipt_ns
-            latencies.append((receipt_ns - sent_ns) // _NS_PER_US)
+                first_ns = time.monotonic_ns()
+            waited_us = send(warmup + k, k == count - 1)
+            if waited_us is not None:
+                latencies.append(waited_us)
+        listener.wait_below(1, timeout_s)
+        last_ns = listener.last_ns
+        if window > 1:
+            latencies = list(listener.arrived_us)
         outcome.update(
             sent=count,
             first_send_ns=first_ns,
@@ -275,6 +310,7 @@ def _consumer_main(
             unique=len(counter.seen),
             duplicates=counter.duplicates,
             foreign=counter.foreign,
+            last_ns=counter.last_ns,
         )
     except Exception as exc:  # the process's boundary: report it, never hang the coordinator
         outcome["error"] = f"consumer {index}: {type(exc).__name__}: {exc}"
@@ -410,6 +446,8 @@ def _summary(
         "size_bytes": options["size"],
         "persistent": options["persistent"],
         "rate_per_s": options["rate"] or None,
+        "receipt_every": options["receipt_every"],
+        "window": options["window"],
         "warmup_per_producer": options["warmup"],
         "messages": sent,
         "elapsed_s": round(elapsed_s, 6),
@@ -445,6 +483,11 @@ def _summary(
             "foreign": sum(c["foreign"] for c in consumers),
         }
         summary["ok"] = unique == options["expected"] and not duplicates
+        last_delivery = max(c["last_ns"] for c in consumers)
+        if last_delivery > first:
+            # As `sluice bench throughput` counts: from the first measured send to the last
+            # message any consumer received.
+            summary["delivered_per_s"] = round(sent / ((last_delivery - first) / _NS_PER_S), 1)
     else:
         summary["ok"] = sent == options["count"]
     return summary
@@ -493,6 +536,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=50, help="unmeasured messages per producer")
     p.add_argument("--size", type=int, default=256, help="body bytes (at least 22)")
     p.add_argument("--non-persistent", action="store_true", help="send without persistent:true")
+    p.add_argument(
+        "--receipt-every", type=int, default=1, help="a RECEIPT on every Nth send (and the last)"
+    )
+    p.add_argument("--window", type=int, default=1, help="unanswered receipts a producer allows")
     p.add_argument("--rate", type=float, default=0.0, help="messages per second in total")
     p.add_argument("--destination", default=None, help="default /queue/stomppy.<random>")
     p.add_argument(
@@ -507,6 +554,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.producers < 1 or args.count < args.producers or args.size < 22:
         p.error("need --producers >= 1, --count >= --producers and --size >= 22")
+    if args.receipt_every < 1 or args.window < 1:
+        p.error("need --receipt-every >= 1 and --window >= 1")
     return args
 
 
@@ -525,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
         "size": args.size,
         "persistent": not args.non_persistent,
         "rate": args.rate,
+        "receipt_every": args.receipt_every,
+        "window": args.window,
         "destination": args.destination or f"/queue/stomppy.{uuid.uuid4().hex[:12]}",
         "consumer_ack": args.consumer_ack,
         "ack_every": max(1, min(args.ack_every, args.prefetch)),

@@ -23,6 +23,10 @@ command, each result, and the medians; writes every record to `--out`.
     .venv/bin/python benchmarks/sync_crosscheck.py --runs 3 --brokers sluice,activemq,rabbitmq
     .venv/bin/python benchmarks/sync_crosscheck.py --runs 3 --producers 1 --rate 2000 \\
         --count 40000     # latency at a fixed rate
+    .venv/bin/python benchmarks/sync_crosscheck.py --kind throughput --non-persistent \\
+        --producers 4 --size 1024 --count 25000     # 4 producers, 4 consumers, msg/s delivered
+    .venv/bin/python benchmarks/sync_crosscheck.py --kind throughput --producers 1 \\
+        --size 1048576 --receipt-every 1 --max-receipts 4 --prefetch 8 --count 300
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ def _command(
     generator: str, args: argparse.Namespace, producers: int, count: int, broker: Broker
 ) -> list[str]:
     """The generator's command line, without the broker's port, pid and output file."""
+    if args.kind == "throughput":
+        return _throughput_command(generator, args, producers, count, broker)
     warmup = 50 * producers
     if generator.startswith("stomppy"):
         consumers = "0" if generator == "stomppy-no-consumer" else "1"
@@ -79,6 +85,37 @@ def _command(
     return command + broker.bench_args()
 
 
+def _throughput_command(
+    generator: str, args: argparse.Namespace, producers: int, count: int, broker: Broker
+) -> list[str]:
+    """`--kind throughput`: as many consumers as producers, a receipt every `--receipt-every`
+    sends with at most `--max-receipts` unanswered; the figure is delivered messages per second."""
+    persistent = not args.non_persistent
+    if generator.startswith("stomppy"):
+        command = [sys.executable, str(HERE / "stomppy_load.py")]
+        command += ["--producers", str(producers), "--consumers", str(producers)]
+        command += ["--count", str(count), "--warmup", "50", "--size", str(args.size)]
+        command += ["--receipt-every", str(args.receipt_every)]
+        command += ["--window", str(args.max_receipts), "--prefetch", str(args.prefetch)]
+        command += ["--consumer-ack", args.consumer_ack]
+        if not persistent:
+            command.append("--non-persistent")
+        return command + broker.bench_args()
+    command = [str(Path(sys.executable).parent / "sluice"), "bench", "throughput"]
+    command += ["--producers", str(producers), "--consumers", str(producers)]
+    command += ["--size", str(args.size), "--count", str(count), "--warmup", str(50 * producers)]
+    command += ["--receipt-every", str(args.receipt_every)]
+    command += ["--max-receipts", str(args.max_receipts), "--prefetch", str(args.prefetch)]
+    command += ["--ack", args.consumer_ack]
+    if persistent:
+        command.append("--persistent")
+    if generator == "bench-shared":
+        command.append("--no-process-per-producer")
+    else:
+        command.append("--process-per-producer")
+    return command + broker.bench_args()
+
+
 def _figures(generator: str, path: Path) -> dict[str, Any] | None:
     """Sends/s, receipt p50/p99/max ms, and broker and generator CPU µs/msg from a generator's
     JSON (the generator's: `sluice bench`, all its processes; stomppy_load.py, its producers)."""
@@ -90,7 +127,9 @@ def _figures(generator: str, path: Path) -> dict[str, Any] | None:
         latency = document["receipt_latency_ms"]
         return {
             "ok": bool(document.get("ok")),
-            "sends_per_s": document["messages_per_s"],
+            "sends_per_s": document.get("delivered_per_s", document["messages_per_s"])
+            if document.get("receipt_every", 1) > 1 or document.get("window", 1) > 1
+            else document["messages_per_s"],
             "p50_ms": latency["p50"],
             "p99_ms": latency["p99"],
             "max_ms": latency["max"],
@@ -107,7 +146,9 @@ def _figures(generator: str, path: Path) -> dict[str, Any] | None:
     generator_cpu = measured.get("generator") or {}
     return {
         "ok": bool(results.get("ok")),
-        "sends_per_s": results["sends_per_s"],
+        "sends_per_s": results["messages_per_s"]
+        if results.get("scenario") == "throughput"
+        else results["sends_per_s"],
         "p50_ms": latency["p50"],
         "p99_ms": latency["p99"],
         "max_ms": latency["max"],
@@ -235,6 +276,16 @@ def main(argv: list[str] | None = None) -> int:
         default="client",
         help="the consumer's ack mode (client: cumulatively every 500 messages)",
     )
+    parser.add_argument(
+        "--kind",
+        choices=("sync", "throughput"),
+        default="sync",
+        help="throughput: N producers and N consumers, windows of receipts, delivered msg/s",
+    )
+    parser.add_argument("--non-persistent", action="store_true", help="throughput runs only")
+    parser.add_argument("--receipt-every", type=int, default=100, help="throughput runs only")
+    parser.add_argument("--max-receipts", type=int, default=4, help="throughput runs only")
+    parser.add_argument("--prefetch", type=int, default=1000, help="throughput runs only")
     parser.add_argument("--timeout", type=float, default=400.0)
     parser.add_argument("--out", type=Path, default=Path("sync-crosscheck.json"))
     args = parser.parse_args(argv)
@@ -255,7 +306,11 @@ def main(argv: list[str] | None = None) -> int:
             for s_index, producers_text in enumerate(args.producers):
                 producers = int(producers_text)
                 count = args.count if args.rate else args.count * producers
-                scenario = f"sync-{producers}" + (f"@{args.rate:g}" if args.rate else "")
+                if args.kind == "throughput":
+                    persistence = "np" if args.non_persistent else "p"
+                    scenario = f"{persistence}-{producers}x{producers}-{args.size}B"
+                else:
+                    scenario = f"sync-{producers}" + (f"@{args.rate:g}" if args.rate else "")
                 shift = run - 1 + s_index
                 order = brokers[shift % len(brokers) :] + brokers[: shift % len(brokers)]
                 for b_index, broker in enumerate(order):

@@ -1,5 +1,5 @@
 """Configuration: the disk settings of [store], their checks, and the old names they replace;
-[auth], [[acl]], [[listeners]] and [latency]."""
+[auth], [[acl]], [[listeners]], [latency] and the WebSocket keys of [http]."""
 
 from __future__ import annotations
 
@@ -309,3 +309,23 @@ def test_bad_latency_settings_are_refused(tmp_path: Path, text: str, complaint: 
     path.write_text(text)
     with pytest.raises(ConfigError, match=complaint):
         config_mod.load(path, env={})
+
+
+def test_websocket_settings_from_file_and_environment(tmp_path: Path) -> None:
+    assert config_mod.load(env={}).ws_max_message_bytes == config_mod.Limits().max_frame_bytes
+    path = tmp_path / "sluice.toml"
+    path.write_text(
+        '[http]\nws_max_message_bytes = 1048576\nws_allowed_origins = ["https://a.example"]\n'
+    )
+    cfg = config_mod.load(path, env={})
+    assert cfg.ws_max_message_bytes == 1048576
+    assert cfg.http.ws_allowed_origins == ("https://a.example",)
+    env = {"SLUICE_HTTP__WS_ALLOWED_ORIGINS": "https://a.example, https://b.example"}
+    assert config_mod.load(env=env).http.ws_allowed_origins == (
+        "https://a.example",
+        "https://b.example",
+    )
+    with pytest.raises(ConfigError, match="ws_allowed_origins"):
+        config_mod.load(env={}, overrides={"http": {"ws_allowed_origins": [1, 2]}})
+    with pytest.raises(ConfigError, match="ws_max_message_bytes"):
+        config_mod.load(env={}, overrides={"http": {"ws_max_message_bytes": -1}})

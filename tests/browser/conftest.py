@@ -1,47 +1,119 @@
-"""Browser tests in real Chromium: Debian's `chromium` and `chromium-driver` (installed by
-`make test`), driven headless by Selenium. Every driver the tests start is quit."""
+"""Browser fixtures: Debian's headless Chromium driven through chromedriver by Selenium
+(`chromium`), and a static file server on 127.0.0.1 for the pages under test and the
+JavaScript libraries they load (`static_server`). Never a browser download: without
+`/usr/bin/chromium` and `/usr/bin/chromedriver` (`make test` installs both) the tests are
+skipped with that reason. JavaScript libraries come from the npm registry at pinned versions
+(`js/package.json` and its lockfile; `make test` runs `npm ci`)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+import shutil
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 
+HERE = Path(__file__).parent
+# What `npm ci` in js/ installs.
+NODE_MODULES = HERE / "js" / "node_modules"
+PAGES = HERE / "pages"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
+_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
 
-def _driver() -> webdriver.Chrome:
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        pytest.skip("needs Debian's chromium and chromium-driver (make test installs them)")
+
+@dataclass
+class StaticServer:
+    """Files served at fixed paths from 127.0.0.1."""
+
+    port: int
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, path: str) -> str:
+        return self.origin + path
+
+
+def _handler(files: Mapping[str, Path]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = files.get(self.path.split("?", 1)[0])
+            if path is None:
+                self.send_error(HTTPStatus.NOT_FOUND)
+                return
+            body = path.read_bytes()
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", _TYPES.get(path.suffix, "application/octet-stream"))
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def static_server() -> Iterator[Callable[[Mapping[str, Path]], StaticServer]]:
+    """A factory: `static_server({"/page.html": path, ...})` serves exactly those files on
+    127.0.0.1 (port 0) until the test ends."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(files: Mapping[str, Path]) -> StaticServer:
+        missing = [str(path) for path in files.values() if not path.is_file()]
+        if missing:
+            pytest.fail(f"files to serve are missing (`make test` runs npm ci): {missing}")
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(dict(files)))
+        servers.append(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return StaticServer(server.server_address[1])
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    """Headless Chromium through chromedriver (a Selenium WebDriver); `save_screenshot(path)`
+    writes a PNG."""
+    for binary in (CHROMIUM, CHROMEDRIVER):
+        if shutil.which(binary) is None:
+            pytest.skip(
+                f"{binary} is not installed (Debian's chromium and chromium-driver; "
+                "`make test` installs them)"
+            )
+    from selenium import webdriver  # noqa: PLC0415
+    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
+
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in (
         "--headless=new",
-        "--no-sandbox",  # root in a container
-        "--disable-dev-shm-usage",
+        "--no-sandbox",  # as root
         "--disable-gpu",
-        "--window-size=1400,1000",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
         "--no-first-run",
         "--disable-extensions",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--password-store=basic",
-        "--lang=en-US",
     ):
         options.add_argument(argument)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-
-
-@pytest.fixture
-def chromium() -> Iterator[webdriver.Chrome]:
-    """A headless Chromium under Selenium, quit at the end of the test."""
-    driver = _driver()
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
     try:
+        driver.set_script_timeout(30)
         yield driver
     finally:
         driver.quit()

@@ -574,8 +574,9 @@ class InlinePreallocator(journal_files.Preallocator):
         kwargs["ahead"] = False
         super().__init__(*args, **kwargs)
 
-    def prepare(self, file_no: int) -> None:
+    def prepare(self, file_no: int, *, zero_fill: bool = True) -> None:
         """Make `file_no`'s spare now (its failure is kept in `error`, as the helper keeps it)."""
+        super().prepare(file_no, zero_fill=zero_fill)
         with contextlib.suppress(StoreError):
             self.ensure(file_no)
 

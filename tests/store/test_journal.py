@@ -194,6 +194,34 @@ def test_rollover_and_record_larger_than_a_file(make_journal: Callable[..., Harn
     assert s.load(Q, 401, 1, 1)[0].body == b"after"
 
 
+def test_files_after_large_synced_batches_are_fallocated_not_zero_filled(
+    make_journal: Callable[..., Harness],
+) -> None:
+    """Small synced writes keep zero-filled files; once a head file's syncs averaged large
+    batches, the files prepared after it are taken with fallocate alone, and read back alike."""
+    h = make_journal()
+    h.open()
+    s = journal(h)
+    prealloc = s._prealloc
+    assert prealloc is not None
+    seq = 0
+    while prealloc.zero_filled < 3:  # small messages, each synced on its own
+        seq += 1
+        h.track(s.add(msg(Q, seq, os.urandom(4 * 1024)), None))
+        h.settle()
+    assert prealloc.fallocated == 0
+    small = seq
+    while prealloc.fallocated < 2:  # large messages, each synced on its own
+        seq += 1
+        h.track(s.add(msg(Q, seq, os.urandom(384 * 1024)), None))
+        h.settle()
+        assert seq < small + 100, "no file was made without zeros"
+    h.reopen()
+    s = journal(h)
+    assert seqs(s) == list(range(1, seq + 1))
+    assert len(s.load(Q, seq - 1, 1, 1)[0].body) == 384 * 1024
+
+
 @pytest.mark.parametrize("policy", [SyncPolicy.PERIODIC, SyncPolicy.NEVER])
 def test_relaxed_sync_policies(make_journal: Callable[..., Harness], policy: SyncPolicy) -> None:
     h = make_journal(sync=policy, sync_interval_ms=50)

@@ -72,6 +72,14 @@ _ALIASES: dict[tuple[str, str], tuple[str, str, Callable[[Any], Any]]] = {
 }
 
 
+def _parse_strings(raw: Any) -> tuple[str, ...]:
+    """A list of strings: a TOML array, or a comma-separated string (the environment)."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ValueError("not a list of strings")
+    return tuple(item.strip() for item in items if item.strip())
+
+
 def _coerce(cls: type[Any], name: str, raw: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if name not in fields:
@@ -90,6 +98,8 @@ def _coerce(cls: type[Any], name: str, raw: Any, where: str) -> Any:
             return _parse_int(raw)
         if isinstance(default, float):
             return float(raw)
+        if isinstance(default, tuple):
+            return _parse_strings(raw)
         return str(raw)
     except ValueError as exc:
         raise ConfigError(f"{where}: invalid value {raw!r} for {name}") from exc

@@ -273,6 +273,11 @@ class HttpSettings:
     port: int = DEFAULT_HTTP_PORT
     metrics_max_destinations: int = DEFAULT_METRICS_MAX_DESTINATIONS
     tls: TlsSettings | None = None
+    # STOMP over WebSocket at `/stomp`: the largest WebSocket message taken (0: the STOMP frame
+    # limit, `limits.max_frame_bytes`), and the origins a browser page may connect from besides
+    # the server's own (`*`: any).
+    ws_max_message_bytes: int = 0
+    ws_allowed_origins: tuple[str, ...] = ()
     console: bool = True
     console_max_sessions: int = DEFAULT_CONSOLE_MAX_SESSIONS
     console_session_idle_s: float = DEFAULT_CONSOLE_SESSION_IDLE_S
@@ -351,6 +356,12 @@ class Config:
         """The listeners the broker opens: `[[listeners]]`, or else `[stomp]`."""
         return self.listeners or (self.stomp,)
 
+    @property
+    def ws_max_message_bytes(self) -> int:
+        """The largest WebSocket message `/stomp` takes: `[http] ws_max_message_bytes`, or else
+        the STOMP frame limit (`limits.max_frame_bytes`)."""
+        return self.http.ws_max_message_bytes or self.limits.max_frame_bytes
+
     def validate(self) -> Config:
         """Check cross-field rules; return self so calls chain."""
         lim = self.limits
@@ -395,6 +406,8 @@ class Config:
             raise ConfigError(f"http.port out of range: {self.http.port}")
         if self.http.metrics_max_destinations < 0:
             raise ConfigError("http.metrics_max_destinations must not be negative")
+        if self.http.ws_max_message_bytes < 0:
+            raise ConfigError("http.ws_max_message_bytes must not be negative")
         if self.http.enabled and self.http.tls is not None:
             _check_tls(self.http.tls, "[http]")
         self._check_console()

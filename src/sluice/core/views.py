@@ -162,6 +162,9 @@ class ConnectionProtocol(enum.Enum):
 
     STOMP_TCP = "stomp-tcp"
     STOMP_TLS = "stomp-tls"
+    # STOMP over WebSocket on the management server's `/stomp`, plain or over HTTPS.
+    STOMP_WS = "stomp-ws"
+    STOMP_WSS = "stomp-wss"
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from sluice.http.gate import CALLER
 from sluice.http.pages import ConsoleFiles, security_headers
 from sluice.http.rates import RateSampler
 from sluice.http.sessions import ConsoleAuth
+from sluice.http.websocket import STOMP_PATH, install_stomp
 
 __all__ = ["ManagementServer"]
 
@@ -51,8 +52,9 @@ SHUTDOWN_TIMEOUT_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# Answered without credentials: probes of an orchestrator, and the API's description.
-_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/api/openapi.json"})
+# Answered without credentials: probes of an orchestrator, and the API's description; STOMP
+# over WebSocket logs in with its CONNECT frame.
+_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/api/openapi.json", STOMP_PATH})
 
 _TOO_LARGE = (ErrorCode.PAYLOAD_TOO_LARGE, f"request body over {MAX_REQUEST_BYTES} bytes")
 _HTTP_ERRORS = {
@@ -106,6 +108,7 @@ class ManagementServer:
         if self.console is not None:
             app.router.add_routes(self.console.routes())
         app.on_response_prepare.append(security_headers)
+        install_stomp(app, self)
         return app
 
     def _is_open(self, request: web.Request) -> bool:

@@ -5,6 +5,7 @@ two packages never import each other."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Protocol
@@ -16,7 +17,30 @@ from sluice.core.broker import Broker
 from sluice.core.views import ConnectionView
 from sluice.http.rates import RateSampler
 
-__all__ = ["Gate", "Managed", "Serving"]
+__all__ = ["Gate", "Managed", "Serving", "StompSocket"]
+
+
+class StompSocket(Protocol):
+    """A WebSocket accepted at `/stomp`, as the broker serves STOMP over it (the shape of
+    `sluice.server.websocket.MessageSocket`, which this package may not import)."""
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The connection the WebSocket runs on."""
+        ...
+
+    async def receive(self) -> bytes | str | None:
+        """The next message (bytes: binary, str: text); None once closed. Raises
+        `LimitExceeded` for a message over `ws_max_message_bytes`."""
+        ...
+
+    async def send(self, data: bytes | str) -> None:
+        """Send one message."""
+        ...
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close with `code` and `reason`."""
+        ...
 
 
 class Gate(Protocol):
@@ -72,6 +96,14 @@ class Managed(Protocol):
     def current_identity(self, identity: Identity) -> Identity | None:
         """Who a user logged in earlier is now (a reload may change the groups); None once
         the user may no longer log in."""
+        ...
+
+    async def serve_websocket(self, socket: StompSocket) -> None:
+        """Serve STOMP over an accepted WebSocket until it closes."""
+        ...
+
+    def close_websockets(self) -> None:
+        """Close every STOMP-over-WebSocket connection (the management server stops)."""
         ...
 
 

@@ -10,6 +10,7 @@ are left out, and said so: `sluice_metrics_destinations_omitted` and
 
 from __future__ import annotations
 
+import collections
 import operator
 from collections.abc import Iterator
 
@@ -25,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from sluice import __version__
 from sluice.auth.identity import Permission
-from sluice.core.views import DestinationView
+from sluice.core.views import ConnectionProtocol, ConnectionView, DestinationView
 from sluice.http.context import Serving
 from sluice.http.gate import caller_of
 from sluice.store.api import SYNC_BUCKETS_S, StoreStats
@@ -145,7 +146,7 @@ class BrokerCollector(Collector):
         ):
             yield CounterMetricFamily(f"sluice_{name}", text, value)
         yield from self._destinations(broker.destination_views())
-        yield from self._connections(len(managed.connection_views()), stats)
+        yield from self._connections(managed.connection_views(), stats)
         yield from self._resources(stats)
         yield from self._alarms(stats)
         yield from self._refusals(stats)
@@ -186,8 +187,22 @@ class BrokerCollector(Collector):
             self.cap_hits,
         )
 
-    def _connections(self, open_now: int, stats: dict[str, int]) -> Iterator[Metric]:
-        yield GaugeMetricFamily("sluice_connections", "Logged-in connections", open_now)
+    def _connections(self, views: list[ConnectionView], stats: dict[str, int]) -> Iterator[Metric]:
+        yield GaugeMetricFamily("sluice_connections", "Logged-in connections", len(views))
+        protocols = GaugeMetricFamily(
+            "sluice_connections_by_protocol",
+            "Logged-in connections, by what they speak over what",
+            labels=["protocol"],
+        )
+        counts = collections.Counter(view.protocol for view in views)
+        for protocol in ConnectionProtocol:
+            protocols.add_metric([protocol.value], counts[protocol])
+        yield protocols
+        yield CounterMetricFamily(
+            "sluice_websocket_origins_refused",
+            "WebSocket upgrades at /stomp refused for their Origin",
+            stats.get("websocket_origins_refused", 0),
+        )
         yield CounterMetricFamily(
             "sluice_connections_opened",
             "Connections whose CONNECT was accepted",

@@ -1,6 +1,7 @@
 """The broker server: recovers the stores it is given, checks who connects (the users file and
 the `[[acl]]` rules, reloaded on demand), listens for STOMP connections on each listener (plain
-TCP or TLS), and shuts down cleanly."""
+TCP or TLS), serves those the management server accepts over WebSocket, and shuts down
+cleanly."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ from sluice.auth.tls import server_context
 from sluice.auth.users import UsersFile, load_users
 from sluice.config import Config, Listener
 from sluice.core.broker import Broker
-from sluice.core.views import ConnectionView
+from sluice.core.views import ConnectionProtocol, ConnectionView
 from sluice.server.context import Authenticator, Guard, LiveSession, SessionContext
 from sluice.server.hops import HopRecorder
 from sluice.server.inbound import InboundBudget, MemoryTrim
 from sluice.server.session import StompSession
 from sluice.server.traced import TracedStompSession
+from sluice.server.websocket import MessageSocket, serve_websocket
 from sluice.stomp.codec import StompLimits
 from sluice.store.api import MessageStore
 
@@ -222,6 +224,23 @@ class BrokerServer:
         if self.latency is not None:
             return TracedStompSession(self.context, self.latency)
         return StompSession(self.context)
+
+    async def serve_websocket(self, socket: MessageSocket) -> None:
+        """Serve STOMP over a WebSocket the management server accepted (`/stomp`): a session
+        as a listener's connections get, counted and limited with them, shown as `stomp-ws`
+        (`stomp-wss` over HTTPS). Returns once the WebSocket is closed."""
+        session = self._new_session()
+        session.protocols = (ConnectionProtocol.STOMP_WS, ConnectionProtocol.STOMP_WSS)
+        await serve_websocket(socket, session)
+
+    def close_websockets(self) -> None:
+        """Close every STOMP-over-WebSocket connection as at a stop (the management server
+        stops first)."""
+        for session in list(self.sessions):
+            if isinstance(session, StompSession) and session.protocols[0] is (
+                ConnectionProtocol.STOMP_WS
+            ):
+                session.shutdown()
 
     def report_latency(self) -> None:
         """Log the per-hop latency of persistent sends so far, and write it to

@@ -1,5 +1,5 @@
-"""A STOMP session: the asyncio protocol that joins one socket, the STOMP state machine and the
-core's `BrokerConnection`.
+"""A STOMP session: the asyncio protocol that joins one socket (or one WebSocket, through
+`websocket.WebSocketTransport`), the STOMP state machine and the core's `BrokerConnection`.
 
 Reading: each chunk goes to the parser, and frames are handled one at a time until the parser
 needs more bytes or flow control pauses reading; frames already buffered wait in the parser.
@@ -130,6 +130,9 @@ class StompSession(SessionConnect, asyncio.Protocol):
         # Bytes read from the peer, and when its CONNECT was accepted (ms since the epoch).
         self.bytes_received = 0
         self.connected_at_ms = 0
+        # What the connection is shown as speaking, plain and over TLS (the WebSocket pair
+        # when `BrokerServer.serve_websocket` made it).
+        self.protocols = (ConnectionProtocol.STOMP_TCP, ConnectionProtocol.STOMP_TLS)
 
     # -- asyncio protocol -----------------------------------------------------------------------
 
@@ -334,6 +337,13 @@ class StompSession(SessionConnect, asyncio.Protocol):
         assert self.requests is not None  # only frames after CONNECT are refused this way
         self.requests.flush_receipts()
 
+    def refuse(self, exc: LimitExceeded) -> None:
+        """The transport refused what the peer sent, past a limit of its own (a WebSocket
+        message over `ws_max_message_bytes`): counted, an ERROR naming it, then close."""
+        self.broker.count("limit_" + exc.limit)
+        self.log.warning("closing: %s", exc)
+        self._fail(CloseReason.LIMIT, str(exc))
+
     def revoke(self, reason: str) -> None:
         """The user may no longer connect (removed from the users file): ERROR, then close."""
         if self._closing:
@@ -369,7 +379,7 @@ class StompSession(SessionConnect, asyncio.Protocol):
             subscriptions=len(core.subs) + len(core.wildcard_subs),
             connected_at_ms=self.connected_at_ms,
             tls=tls,
-            protocol=ConnectionProtocol.STOMP_TLS if tls else ConnectionProtocol.STOMP_TCP,
+            protocol=self.protocols[1] if tls else self.protocols[0],
         )
 
     def update_identity(self, identity: Identity) -> None:

@@ -54,6 +54,9 @@ PREPARE_RETRY_S = 1.0
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 # posix_fallocate is not supported everywhere; zero-filling alone still claims the space.
 _NO_FALLOCATE = frozenset({errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
+# A head file whose syncs carried this many bytes on average has its successor's successor made
+# with fallocate alone, not zero filled (`HeadFile.rollover`).
+LARGE_SYNC_BYTES = 256 * 1024
 
 
 def file_path(journal_dir: Path, file_no: int) -> Path:
@@ -157,9 +160,17 @@ def create_file(
     file_bytes: int,
     *,
     sync: bool = True,
+    zero_fill: bool = True,
     cancelled: Callable[[], bool] | None = None,
-) -> None:
-    """Create a complete data file at `path` (zeros, header record), durable when `sync`.
+) -> bool:
+    """Create a complete data file at `path` (its space taken, a header record), durable when
+    `sync`. Returns whether its bytes were written as zeros.
+
+    The space is taken with fallocate and, when `zero_fill` or where the filesystem cannot
+    fallocate, by writing zeros over the whole file. Zeros cost a second write of every byte, but
+    make each later small append's fdatasync a flush of data alone (an append into fallocated
+    space also converts its extent, a metadata change that sync has to commit). Both read back as
+    zeros, so recovery sees the same file either way.
 
     Raises OSError (ENOSPC before anything is written when the filesystem reports too little
     room) or `Cancelled`; either way no partial file is left behind."""
@@ -172,7 +183,9 @@ def create_file(
         except OSError as exc:
             if exc.errno not in _NO_FALLOCATE:
                 raise
-        _zero_fill(fd, file_bytes, cancelled)
+            zero_fill = True
+        if zero_fill:
+            _zero_fill(fd, file_bytes, cancelled)
         header = fmt.encode_file_header(file_no, store_id, int(time.time() * 1000))
         write_all(fd, (header,), 0)
         if sync:
@@ -183,6 +196,7 @@ def create_file(
             os.unlink(path)
         raise
     os.close(fd)
+    return zero_fill
 
 
 class Preallocator:
@@ -212,6 +226,10 @@ class Preallocator:
         self._file_bytes = file_bytes
         self._cond = threading.Condition()
         self._wanted = 0
+        self._zero_fill = True
+        # Files made, by how: written as zeros, or taken with fallocate alone.
+        self.zero_filled = 0
+        self.fallocated = 0
         self._ready = 0
         self._busy = 0
         self._stopping = False
@@ -234,8 +252,10 @@ class Preallocator:
         """Whether `file_no` is prepared (its space already taken on the disk)."""
         return self._ready == file_no
 
-    def prepare(self, file_no: int) -> None:
-        """Ask for `file_no` to be made ready ahead (a no-op without the helper)."""
+    def prepare(self, file_no: int, *, zero_fill: bool = True) -> None:
+        """Ask for `file_no` to be made ready ahead (a no-op without the helper); `zero_fill`
+        as `create_file` takes it, for this file and those made after it until told again."""
+        self._zero_fill = zero_fill
         if self._thread is None:
             return
         with self._cond:
@@ -296,12 +316,13 @@ class Preallocator:
                 os.unlink(self._spare(stale))
         path = self._spare(file_no)
         try:
-            create_file(
+            zeros = create_file(
                 path,
                 file_no,
                 self._store_id,
                 self._file_bytes,
                 sync=self._durable,
+                zero_fill=self._zero_fill,
                 cancelled=lambda: self._stopping,
             )
         except Cancelled:
@@ -317,6 +338,10 @@ class Preallocator:
             raise error from exc
         with self._cond:
             self._ready = file_no
+            if zeros:
+                self.zero_filled += 1
+            else:
+                self.fallocated += 1
             if self.error is not None:
                 log.info("journal: %s prepared; space is back", path.name)
             self.error = None
@@ -373,6 +398,9 @@ class HeadFile:
         self.fd = os.open(file_path(journal_dir, file_no), os.O_RDWR)
         self.unsynced = False
         self.syncs = 0
+        # Since the head file started: bytes appended and syncs, for how to make the next files.
+        self._file_bytes_written = 0
+        self._file_syncs = 0
         # Every sync's duration, always counted (two clock readings per sync): per bucket of
         # SYNC_BUCKETS_S and beyond, and in all.
         self.sync_counts = [0] * (len(SYNC_BUCKETS_S) + 1)
@@ -413,11 +441,13 @@ class HeadFile:
 
         Any failure, ENOSPC included, raises `StoreIOError`: bytes may be half written."""
         try:
-            self.offset = write_all(self.fd, buffers, self.offset)
+            end = write_all(self.fd, buffers, self.offset)
         except OSError as exc:
             raise StoreIOError(
                 "journal write", exc.strerror or str(exc), str(self.path), self.offset
             ) from exc
+        self._file_bytes_written += end - self.offset
+        self.offset = end
         self.unsynced = True
 
     @property
@@ -439,6 +469,7 @@ class HeadFile:
             raise StoreIOError("journal sync", exc.strerror or str(exc), str(self.path)) from exc
         self.unsynced = False
         self.syncs += 1
+        self._file_syncs += 1
         elapsed = time.perf_counter_ns() - started
         self.sync_counts[bisect.bisect_left(_SYNC_BOUNDS_NS, elapsed)] += 1
         self.sync_ns += elapsed
@@ -482,8 +513,12 @@ class HeadFile:
         self.file_no = next_no
         self.offset = fmt.FILE_HEADER_RECORD_BYTES
         self.unsynced = False
+        # Syncs of large batches (large messages) gain nothing from zeros: make the files after
+        # this one with fallocate alone, not writing every byte of the journal twice.
+        large = self._file_bytes_written >= LARGE_SYNC_BYTES * max(1, self._file_syncs)
+        self._file_bytes_written = self._file_syncs = 0
         if prealloc is not None:
-            prealloc.prepare(next_no + 1)
+            prealloc.prepare(next_no + 1, zero_fill=not large)
         return next_no
 
     def close(self, *, sync: bool = True) -> None:
