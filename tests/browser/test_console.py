@@ -111,6 +111,12 @@ def test_depth_changes_while_a_producer_runs(console: Managed, chromium: webdriv
     finally:
         producer.disconnect()
     screenshot(chromium, "destination")
+    # Others beside it, for the table's picture.
+    for name, count in (("orders.eu", 12), ("orders.us", 3), ("DLQ.orders.eu", 1), ("audit", 0)):
+        for i in range(count):
+            admin.post(f"/api/destinations/queue/{name}/messages", {"body": f"m{i}"})
+        admin.put(f"/api/destinations/queue/{name}")
+    admin.put("/api/destinations/topic/prices")
     # The destinations table shows the same depth, and sorts by it.
     go(chromium, "#/destinations")
     row = wait_for(
@@ -128,7 +134,7 @@ def test_depth_changes_while_a_producer_runs(console: Managed, chromium: webdriv
     assert row.find_element(By.CSS_SELECTOR, "td.depth").text == "150"
     screenshot(chromium, "destinations")
     go(chromium, "#/overview")
-    wait_text(chromium, "#card-depth", lambda t: "150" in t, "the overview's depth")
+    wait_text(chromium, "#card-depth", lambda t: "166" in t, "the overview's depth (150 + 16)")
     screenshot(chromium, "overview")
 
 
