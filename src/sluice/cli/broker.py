@@ -25,7 +25,7 @@ from sluice.cli.logformat import LogFormat
 from sluice.errors import SluiceError
 
 if TYPE_CHECKING:
-    from sluice.ha import FileLease
+    from sluice.ha import Lease
 
 __all__ = ["add_parsers"]
 
@@ -78,7 +78,7 @@ def _run_broker(args: argparse.Namespace) -> int:
         except ImportError:
             log.info("uvloop is not installed; using the default event loop")
 
-    lease: FileLease | None = None
+    lease: Lease | None = None
     if cfg.ha.role is not config_mod.HaRole.OFF:
         lease = _take_lease(cfg)
         if lease is None:
@@ -148,14 +148,15 @@ def _run_broker(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _take_lease(cfg: config_mod.Config) -> FileLease | None:
+def _take_lease(cfg: config_mod.Config) -> Lease | None:
     """Take the lease on the data directory before anything is opened: wait for it as a slave
     (`role = "auto"`) or not at all (`master-only`). SIGINT or SIGTERM while waiting ends the
     wait at once (a waiting slave never holds up a rolling deploy): None is returned, as it is
     when `master-only` finds the lease held."""
     from sluice.ha import FileLease  # noqa: PLC0415 - only with [ha]
 
-    lease = FileLease(cfg.store.data_dir, cfg.ha.lease_s, on_lost=_lease_lost)
+    # The journal's lease: on its data directory (the store's kind decides the lease's).
+    lease: Lease = FileLease(cfg.store.data_dir, cfg.ha.lease_s, on_lost=_lease_lost)
     stop = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in previous:
