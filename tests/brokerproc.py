@@ -36,9 +36,18 @@ class BrokerProcess:
         self.port = 0
         self.stderr_lines: list[str] = []
         self._drain = threading.Thread()
+        self._lines_changed = threading.Condition()
+        self._stderr_closed = False
 
-    def start(self, timeout: float = 30.0) -> BrokerProcess:
-        """Start and wait for the line that names the port."""
+    def start(self, timeout: float | None = None) -> BrokerProcess:
+        """Start and wait for the line that names the port (without a bound by default: a
+        start with a large store takes long, and the broker's exit ends the wait)."""
+        self.launch()
+        self.wait_listening(timeout)
+        return self
+
+    def launch(self) -> BrokerProcess:
+        """Start without waiting; stderr is read on a thread from the first line on."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             self.args,
@@ -48,24 +57,47 @@ class BrokerProcess:
             text=True,
             env=env,
         )
-        assert self.proc.stderr is not None
-        # The broker prints its address once it listens; every line before it is kept.
-        for line in self.proc.stderr:
-            self.stderr_lines.append(line)
-            match = _LISTENING.search(line)
-            if match:
-                self.port = int(match.group(1))
-                # Keep draining stderr so the broker never blocks on a full pipe.
-                self._drain = threading.Thread(target=self._read_stderr, daemon=True)
-                self._drain.start()
-                return self
-        raise RuntimeError("broker exited before listening:\n" + "".join(self.stderr_lines))
+        # Keep draining stderr so the broker never blocks on a full pipe.
+        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
+        self._drain.start()
+        return self
+
+    def wait_listening(self, timeout: float | None = 30.0) -> int:
+        """Wait for the line that names the port; return the port."""
+        self.wait_log(_LISTENING.pattern, timeout)
+        return self.port
+
+    def wait_log(self, pattern: str, timeout: float | None = 30.0) -> str:
+        """Wait for a stderr line matching the regular expression `pattern`; return the line.
+        Raises RuntimeError if the broker exits first, TimeoutError after `timeout`."""
+        regex = re.compile(pattern)
+        with self._lines_changed:
+            ok = self._lines_changed.wait_for(
+                lambda: (
+                    any(regex.search(line) for line in self.stderr_lines) or self._stderr_closed
+                ),
+                timeout,
+            )
+            for line in self.stderr_lines:
+                if regex.search(line):
+                    return line
+        if not ok:
+            raise TimeoutError(f"no line matching {pattern!r} in {timeout} s:\n{self.log_text}")
+        raise RuntimeError(f"broker exited before {pattern!r}:\n{self.log_text}")
 
     def _read_stderr(self) -> None:
         assert self.proc is not None
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
-            self.stderr_lines.append(line)
+            with self._lines_changed:
+                self.stderr_lines.append(line)
+                match = _LISTENING.search(line)
+                if match and not self.port:
+                    self.port = int(match.group(1))
+                self._lines_changed.notify_all()
+        with self._lines_changed:
+            self._stderr_closed = True
+            self._lines_changed.notify_all()
 
     @property
     def log_text(self) -> str:

@@ -329,3 +329,31 @@ def test_websocket_settings_from_file_and_environment(tmp_path: Path) -> None:
         config_mod.load(env={}, overrides={"http": {"ws_allowed_origins": [1, 2]}})
     with pytest.raises(ConfigError, match="ws_max_message_bytes"):
         config_mod.load(env={}, overrides={"http": {"ws_max_message_bytes": -1}})
+
+
+def test_ha_is_off_by_default_and_read_from_toml_and_environment(tmp_path: Path) -> None:
+    assert config_mod.load(env={}).ha == config_mod.HaSettings(config_mod.HaRole.OFF, 10.0)
+    path = tmp_path / "sluice.toml"
+    path.write_text('[ha]\nrole = "auto"\nlease_s = 4\n')
+    ha = config_mod.load(path, env={}).ha
+    assert ha.role is config_mod.HaRole.AUTO
+    assert ha.lease_s == 4.0
+    ha = config_mod.load(env={"SLUICE_HA__ROLE": "master-only", "SLUICE_HA__LEASE_S": "2.5"}).ha
+    assert (ha.role, ha.lease_s) == (config_mod.HaRole.MASTER_ONLY, 2.5)
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[ha]\nrole = "primary"', "invalid value 'primary' for role"),
+        ("[ha]\nlease_s = 0.5", "ha.lease_s must be between 1 and 600 s"),
+        ("[ha]\nlease_s = 3600", "ha.lease_s must be between 1 and 600 s"),
+        ('[ha]\nrole = "auto"\n[store]\nkind = "memory"', "needs store.kind = 'journal'"),
+        ("[ha]\nwitness = 1", "unknown setting 'witness'"),
+    ],
+)
+def test_bad_ha_settings_are_named(tmp_path: Path, toml: str, message: str) -> None:
+    path = tmp_path / "sluice.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError, match=message):
+        config_mod.load(path, env={})

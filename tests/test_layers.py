@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"stomp", "client"},
     "auth": {"core.wildcard"},
     "http": {"core", "store.api", "auth"},
+    "ha": {"store.api"},
 }
 
 

@@ -107,6 +107,16 @@ class StoreFullError(StoreError, LimitExceeded):
         self.offset = None
 
 
+class FencedError(StoreError):
+    """This broker no longer holds the lease on its store (another broker took it over, or it
+    could not renew it in time): it must write nothing more, and stops serving."""
+
+
+class LeaseError(SluiceError):
+    """The high-availability lease cannot be used: its files cannot be read or written, or hold
+    something that is not a lease."""
+
+
 class ClientError(SluiceError):
     """A client-side failure: connection lost, ERROR frame received, receipt timeout."""
 

@@ -1,5 +1,7 @@
 """`sluice broker`: run the broker until SIGINT or SIGTERM; SIGHUP reloads the users file and
-the `[[acl]]` rules; with `--latency-hops`, SIGUSR1 reports the per-hop latency so far."""
+the `[[acl]]` rules; with `--latency-hops`, SIGUSR1 reports the per-hop latency so far. With
+`[ha] role`, it first takes the lease on its data directory (`sluice.ha`), waiting as a slave
+while another broker holds it; it opens nothing and listens nowhere until then."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice import __version__
 from sluice import config as config_mod
@@ -21,6 +23,9 @@ from sluice.cli.common import Runner
 from sluice.cli.exitcodes import ExitCode
 from sluice.cli.logformat import LogFormat
 from sluice.errors import SluiceError
+
+if TYPE_CHECKING:
+    from sluice.ha import Lease
 
 __all__ = ["add_parsers"]
 
@@ -54,6 +59,8 @@ def _broker_config(args: argparse.Namespace) -> config_mod.Config:
         store["repair"] = True
     if store:
         overrides["store"] = store
+    if args.ha_role is not None:
+        overrides["ha"] = {"role": args.ha_role}
     if args.latency_hops or args.latency_hops_file is not None:
         overrides["latency"] = {"hops": True}
         if args.latency_hops_file is not None:
@@ -71,11 +78,22 @@ def _run_broker(args: argparse.Namespace) -> int:
         except ImportError:
             log.info("uvloop is not installed; using the default event loop")
 
+    lease: Lease | None = None
+    if cfg.ha.role is not config_mod.HaRole.OFF:
+        lease = _take_lease(cfg)
+        if lease is None:
+            return ExitCode.OK if cfg.ha.role is config_mod.HaRole.AUTO else ExitCode.FAILURE
+
     async def serve() -> None:
         from sluice.server.listener import BrokerServer  # noqa: PLC0415
         from sluice.server.stores import open_stores  # noqa: PLC0415
 
-        store, temp_store = open_stores(cfg)
+        # A lease taken because it went unrenewed: its holder may be frozen, not dead.
+        store, temp_store = open_stores(
+            cfg,
+            fence=lease,
+            detach_previous_master=lease is not None and lease.previous_may_be_alive,
+        )
         server = BrokerServer(cfg, store, temp_store=temp_store)
         await server.start()
         management = None
@@ -107,6 +125,7 @@ def _run_broker(args: argparse.Namespace) -> int:
             + " "
             f"(store: {cfg.store.kind.value}"
             + (f", data: {cfg.store.data_dir}" if cfg.store.kind.value == "journal" else "")
+            + (f", ha: master at epoch {lease.epoch}" if lease is not None else "")
             + ")",
         )
         await stop.wait()
@@ -121,8 +140,55 @@ def _run_broker(args: argparse.Namespace) -> int:
         watchdog.cancel()
         freezer.uninstall()
 
-    asyncio.run(serve())
+    try:
+        asyncio.run(serve())
+    finally:
+        if lease is not None:
+            lease.release()
     return ExitCode.OK
+
+
+def _take_lease(cfg: config_mod.Config) -> Lease | None:
+    """Take the lease on the data directory before anything is opened: wait for it as a slave
+    (`role = "auto"`) or not at all (`master-only`). SIGINT or SIGTERM while waiting ends the
+    wait at once (a waiting slave never holds up a rolling deploy): None is returned, as it is
+    when `master-only` finds the lease held."""
+    from sluice.ha import FileLease  # noqa: PLC0415 - only with [ha]
+
+    # The journal's lease: on its data directory (the store's kind decides the lease's).
+    lease: Lease = FileLease(cfg.store.data_dir, cfg.ha.lease_s, on_lost=_lease_lost)
+    stop = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda _signo, _frame: stop.set())
+    try:
+        log.info("taking the lease on %s as %s", cfg.store.data_dir, lease.holder)
+        epoch = lease.acquire(stop, wait=cfg.ha.role is config_mod.HaRole.AUTO)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if epoch is None:
+        if stop.is_set():
+            log.warning("stopped while waiting for the lease on %s", cfg.store.data_dir)
+        else:
+            print(
+                f"sluice broker: the lease on {cfg.store.data_dir} is held by another broker "
+                "(ha.role = master-only)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return None
+    lease.start_renewing()
+    return lease
+
+
+def _lease_lost(reason: str) -> None:
+    """Another broker has the store, or may have it any moment: stop serving at once. Nothing
+    is closed cleanly (a clean close writes: a checkpoint, the index): the listeners close with
+    the process, and clients fail over to the new master."""
+    log.critical("exiting at once without writing: the lease is lost (%s)", reason)
+    logging.shutdown()
+    os._exit(ExitCode.LEASE_LOST)
 
 
 def _announce(args: argparse.Namespace, text: str) -> None:
@@ -198,6 +264,13 @@ def add_parsers(sub: Any) -> dict[str, Runner]:
     b.add_argument("--data", type=Path, help="data directory of the journal store")
     b.add_argument("--store", choices=["memory", "journal"], help="message store")
     b.add_argument("--repair", action="store_true", help="skip damaged journal records on start")
+    b.add_argument(
+        "--ha-role",
+        choices=[role.value for role in config_mod.HaRole],
+        help="high availability on a shared data directory ([ha] role): auto waits for the "
+        "lease as a slave, master-only exits if another broker holds it, off (the default) "
+        "takes no lease",
+    )
     b.add_argument(
         "--latency-hops",
         action="store_true",

@@ -16,3 +16,6 @@ class ExitCode(enum.IntEnum):
     FAILURE = 1
     # The command line was wrong (argparse uses 2 as well).
     USAGE = 2
+    # A high-availability broker lost its lease (another broker took the store over): it stopped
+    # serving at once, without writing.
+    LEASE_LOST = 3

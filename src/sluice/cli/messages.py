@@ -65,7 +65,9 @@ def _run_send(args: argparse.Namespace) -> int:
 
     headers = _parse_headers(args.header)
     body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
-    with BlockingClient(args.broker, **client_options(args)) as client:
+    # With several --broker addresses, a failover while the message is on its way sends it again
+    # to the next broker (with an x-dedup-id, so it is stored once).
+    with BlockingClient(args.broker, resend=True, **client_options(args)) as client:
         client.send(args.destination, body, headers=headers, persistent=args.persistent)
     return ExitCode.OK
 

@@ -6,7 +6,9 @@ every SUBSCRIBE with the same id and headers. What cannot be carried over fails 
 being lost or repeated in silence:
 
 - a frame written but not yet receipted raises `ConnectionLost` (a `ClientError`): the broker may
-  or may not have it, so the caller decides whether to retry (use `x-dedup-id` to make that safe);
+  or may not have it, so the caller decides whether to retry (use `x-dedup-id` to make that safe),
+  unless the client was made with `resend=True`: then a SEND outside a transaction carries an
+  `x-dedup-id` and goes out again on the next connection (`sluice.client.resend`);
   a frame not yet written waits for the new connection and goes out there;
 - transactions open at the drop were aborted by the broker; using them raises `ClientError`;
 - messages of `client`/`client-individual` subscriptions delivered on the old connection are
@@ -41,6 +43,7 @@ from sluice.client.options import (
     ClientOptions,
 )
 from sluice.client.pipeline import PipelinedReceipt
+from sluice.client.resend import DEFAULT_MAX_RESENDS, Resender
 from sluice.client.routing import SubscriptionRegistry
 from sluice.client.slots import Slots
 from sluice.client.state import ClientState
@@ -72,6 +75,7 @@ class Client(StreamMethods):
         self._ids = itertools.count(1)
         self._token = secrets.token_hex(4)
         self._receipt_slots = Slots(options.max_pending_receipts)
+        self._resender = Resender(options.max_resends)
 
     @classmethod
     async def connect(
@@ -99,6 +103,8 @@ class Client(StreamMethods):
         key: str | Path | None = None,
         key_password: str | None = None,
         server_hostname: str | None = None,
+        resend: bool = False,
+        max_resends: int = DEFAULT_MAX_RESENDS,
     ) -> Client:
         """Connect to the first broker of `brokers` that answers and return the client.
 
@@ -112,6 +118,12 @@ class Client(StreamMethods):
         certificate, and `key_password` if its key is encrypted); `ca`, `cert` or `key` alone
         imply `tls=True`. The broker's certificate must name `server_hostname`, or else the host
         dialled.
+
+        Failover: with several brokers and `reconnect`, a lost connection is dialled again over
+        the list with backoff, and subscriptions are restored. `resend=True` also sends again,
+        on the next connection, every `send` (outside a transaction, with a receipt) whose
+        RECEIPT the lost one did not bring, at most `max_resends` times, with an `x-dedup-id`
+        so that the broker stores it once (see `sluice.client.resend`).
 
         Raises `BrokerErrorFrame` if a broker refuses the CONNECT, `ClientError` if none answers
         (or a TLS file cannot be used).
@@ -135,6 +147,8 @@ class Client(StreamMethods):
             connect_headers=tuple((connect_headers or {}).items()),
             ssl_context=ssl_context,
             server_hostname=server_hostname,
+            resend=resend,
+            max_resends=max_resends,
         )
         client = cls(parse_brokers(brokers), options)
         await client._connector.connect()
@@ -180,6 +194,11 @@ class Client(StreamMethods):
     def epoch(self) -> int:
         """Number of the newest connection; it grows by one at each (re)connection."""
         return self._connector.epoch
+
+    @property
+    def resent(self) -> int:
+        """Sends written again after a lost connection (with `resend`), over the client's life."""
+        return self._resender.resent
 
     @property
     def subscriptions(self) -> Mapping[str, ClientSubscription]:
@@ -306,12 +325,24 @@ class Client(StreamMethods):
             frame_headers["persistent"] = "true"
         if content_type is not None:
             frame_headers["content-type"] = content_type
+        what = f"SEND to {destination}"
+        if receipt and transaction is None and self.options.resend:
+            dedup_id = self._resender.stamp(frame_headers)
+            await self._resender.send(
+                lambda: self._request(
+                    Command.SEND, dict(frame_headers), data, receipt=True, what=what
+                ),
+                lambda: self._connector.state,
+                what,
+                dedup_id,
+            )
+            return
         await self._request(
             Command.SEND,
             frame_headers,
             data,
             receipt=receipt,
-            what=f"SEND to {destination}",
+            what=what,
             transaction=transaction,
         )
 

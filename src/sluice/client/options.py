@@ -55,6 +55,10 @@ class ClientOptions:
     connect_headers: tuple[tuple[str, str], ...] = ()
     ssl_context: ssl.SSLContext | None = field(default=None, compare=False)
     server_hostname: str | None = None
+    # Send again, on the next connection, a SEND whose RECEIPT a lost connection did not bring
+    # (`sluice.client.resend`), at most `max_resends` times.
+    resend: bool = False
+    max_resends: int = 10
 
     def __post_init__(self) -> None:
         self.versions()
@@ -67,6 +71,8 @@ class ClientOptions:
             raise ClientError(f"heartbeat_ms must not be negative (got {self.heartbeat_ms})")
         if self.heartbeat_grace_factor < 1.0:
             raise ClientError("heartbeat_grace_factor must be at least 1.0")
+        if self.max_resends < 0:
+            raise ClientError("max_resends must not be negative")
         if self.max_pending_receipts < 1:
             raise ClientError("max_pending_receipts must be at least 1")
 

@@ -21,6 +21,7 @@ from sluice.config.settings import (
     Config,
     DestinationOverride,
     DestinationPolicy,
+    HaSettings,
     HeartBeatSettings,
     HttpSettings,
     LatencySettings,
@@ -40,6 +41,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "store": StoreConfig,
     "http": HttpSettings,
     "latency": LatencySettings,
+    "ha": HaSettings,
 }
 
 

@@ -37,6 +37,12 @@ DEFAULT_TOPIC_PREFETCH = 32767
 DEFAULT_DURABLE_PREFETCH = 100
 # `x-dedup-id`s remembered per destination (`limits.dedup_window`).
 DEFAULT_DEDUP_WINDOW = 10_000
+# `[ha] lease_s`: how long a master's lease on a shared data directory lasts unrenewed.
+DEFAULT_LEASE_S = 10.0
+# The shortest and longest leases accepted: below one second a busy disk or a scheduling hiccup
+# costs the master its lease; above ten minutes a failover takes longer than anyone waits.
+MIN_LEASE_S = 1.0
+MAX_LEASE_S = 600.0
 
 
 class StoreKind(enum.Enum):
@@ -322,6 +328,28 @@ class DestinationOverride:
     policy: DestinationPolicy
 
 
+class HaRole(enum.Enum):
+    """`[ha] role`: `off` (the default) runs as a plain broker, with no lease; `auto` takes the
+    lease on the data directory before it opens the store, waiting while another broker holds
+    it, and serves as master once it has it; `master-only` takes the lease if it is free and
+    exits at once (non-zero) if another broker holds it, never waiting as a slave."""
+
+    OFF = "off"
+    AUTO = "auto"
+    MASTER_ONLY = "master-only"
+
+
+@dataclass(frozen=True)
+class HaSettings:
+    """`[ha]`: master/slave on a shared data directory (see docs/high-availability.md). The
+    master renews its lease every `lease_s / 3`; a waiting broker takes over once the lease has
+    gone `lease_s` without a renewal (at once when the master's process is gone from this
+    machine)."""
+
+    role: HaRole = HaRole.OFF
+    lease_s: float = DEFAULT_LEASE_S
+
+
 @dataclass(frozen=True)
 class LatencySettings:
     """`[latency]`: measuring where a persistent SEND's time goes, hop by hop (`hops`), from its
@@ -348,6 +376,7 @@ class Config:
     acl: tuple[AclRule, ...] = ()
     http: HttpSettings = field(default_factory=HttpSettings)
     latency: LatencySettings = field(default_factory=LatencySettings)
+    ha: HaSettings = field(default_factory=HaSettings)
     broker_name: str = "sluice"
     use_uvloop: bool = True
 
@@ -418,6 +447,7 @@ class Config:
             raise ConfigError("limits.login_lockout_failures must be at least 1")
         self._check_anonymous()
         self._check_latency()
+        self._check_ha()
         return self
 
     def _check_console(self) -> None:
@@ -427,6 +457,19 @@ class Config:
         for name in ("console_session_idle_s", "console_session_max_s"):
             if getattr(http, name) <= 0:
                 raise ConfigError(f"http.{name} must be positive (got {getattr(http, name)})")
+
+    def _check_ha(self) -> None:
+        ha = self.ha
+        if not MIN_LEASE_S <= ha.lease_s <= MAX_LEASE_S:
+            raise ConfigError(
+                f"ha.lease_s must be between {MIN_LEASE_S:g} and {MAX_LEASE_S:g} s "
+                f"(got {ha.lease_s:g})"
+            )
+        if ha.role is not HaRole.OFF and self.store.kind is not StoreKind.JOURNAL:
+            raise ConfigError(
+                f"ha.role = {ha.role.value!r} shares the journal's data directory: it needs "
+                "store.kind = 'journal'"
+            )
 
     def _check_latency(self) -> None:
         latency = self.latency

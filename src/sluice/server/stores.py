@@ -7,7 +7,7 @@ import dataclasses
 
 from sluice.config import Config, MiB, StoreKind
 from sluice.errors import StoreError
-from sluice.store.api import MessageStore
+from sluice.store.api import Fence, MessageStore
 from sluice.store.memory import MemoryStore
 
 
@@ -44,19 +44,29 @@ def check_disk_space(config: Config) -> None:
         )
 
 
-def open_stores(config: Config) -> tuple[MessageStore, MessageStore | None]:
+def open_stores(
+    config: Config, fence: Fence | None = None, *, detach_previous_master: bool = False
+) -> tuple[MessageStore, MessageStore | None]:
     """The store the configuration asks for, and the temp store non-persistent messages spool
-    to (only with the journal: with the memory store, a full memory pauses producers)."""
+    to (only with the journal: with the memory store, a full memory pauses producers). `fence`
+    is the high-availability lease the journal checks before it writes (`sluice.ha`);
+    `detach_previous_master`, when the previous master may still be alive: cut it off from the
+    journal's newest file and the index first (`sluice.store.journal.detach`)."""
     if config.store.kind is StoreKind.MEMORY:
         return MemoryStore(), None
     from sluice.store.journal.store import JournalStore  # noqa: PLC0415 - only when asked for
 
     check_disk_space(config)
+    if detach_previous_master:
+        from sluice.store.journal import detach  # noqa: PLC0415
+
+        detach.detach_previous_master(config.store.data_dir)
 
     store = JournalStore(
         config.store,
         dedup_window=config.limits.dedup_window,
         time_writes=config.latency.hops,
+        fence=fence,
     )
     temp_config = dataclasses.replace(config.store, data_dir=config.store.data_dir / "tmp")
     return store, JournalStore(temp_config, temporary=True)

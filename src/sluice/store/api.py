@@ -301,6 +301,18 @@ class StoreView:
     complete: bool = True
 
 
+class Fence(Protocol):
+    """Whether this process may still write to a store another process may take over (high
+    availability, `sluice.ha`). A store given a fence checks it before each batch it writes and
+    again before it confirms one: a broker that lost its lease writes nothing more and confirms
+    nothing written after it was lost."""
+
+    def check(self) -> None:
+        """Return if this process still holds the store; raise `FencedError` otherwise. Cheap: a
+        clock read and a comparison, called for every write batch."""
+        ...
+
+
 class MessageStore(Protocol):
     """What the core needs from a store. Methods marked async return a `WriteHandle`."""
 

@@ -291,7 +291,22 @@ class Preallocator:
             if self._ready != file_no:
                 return False
             self._ready = 0
-        os.rename(self._spare(file_no), target)
+        spare = self._spare(file_no)
+        # Never over an existing data file: a master that lost its lease while it was about to
+        # start one (high availability) must not replace the new master's file of that number.
+        try:
+            os.link(spare, target)
+        except OSError as exc:
+            if exc.errno == errno.EEXIST:
+                raise StoreError("a data file of that number exists already", str(target)) from None
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            # A filesystem without hard links: the check and the rename are two steps.
+            if os.path.lexists(target):
+                raise StoreError("a data file of that number exists already", str(target)) from None
+            os.rename(spare, target)
+            return True
+        os.unlink(spare)
         return True
 
     def stop(self, timeout_s: float = 2.0) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from sluice.config import StoreConfig
 from sluice.errors import CorruptionError, DiskFullError, StoreError
-from sluice.store.api import StoreStats
+from sluice.store.api import Fence, StoreStats
 from sluice.store.journal import format as fmt
 from sluice.store.journal import gc
 from sluice.store.journal.appender import Appender
@@ -61,8 +61,10 @@ class Maintenance:
         journal_dir: Path,
         archive_dir: Path,
         fail: Callable[[BaseException], None],
+        fence: Fence | None = None,
     ) -> None:
         self._config = config
+        self._fence = fence
         self._durable = durable
         self._state = state
         self._appender = appender
@@ -310,6 +312,9 @@ class Maintenance:
                     self._stats.gc_deleted_files += len(gone)
 
     def _retire_file(self, file_no: int, archive: bool) -> None:
+        if self._fence is not None:
+            # Checked at each file: a master that lost its lease deletes and moves nothing.
+            self._fence.check()
         path = file_path(self._journal_dir, file_no)
         data_bytes = self._state.files[file_no].data_bytes
         self._reader.forget(file_no)

@@ -31,6 +31,7 @@ from sluice.config import DEFAULT_DEDUP_WINDOW, StoreConfig, SyncPolicy
 from sluice.errors import CorruptionError, DiskFullError, StoreError
 from sluice.store.api import (
     CompletionSink,
+    Fence,
     RecoveredSubscription,
     Recovery,
     StoredMessage,
@@ -79,7 +80,9 @@ class JournalStore:
     """The journal store. `temporary=True` makes a spool for non-persistent messages: the
     directory is cleared at open, nothing is synced, nothing archived. `time_writes=True` makes
     `add` return `TimedWriteHandle`s, stamped as they go through the store and the writer (the
-    broker's per-hop latency; the cost of one test per add when off)."""
+    broker's per-hop latency; the cost of one test per add when off). With a `fence` (high
+    availability), the store checks it before it recovers and before every write, and starts a
+    new data file at open: this master never appends to a file an earlier master had open."""
 
     pages_to_disk = True
 
@@ -90,6 +93,7 @@ class JournalStore:
         dedup_window: int = DEFAULT_DEDUP_WINDOW,
         temporary: bool = False,
         time_writes: bool = False,
+        fence: Fence | None = None,
     ) -> None:
         if temporary:
             config = dataclasses.replace(config, sync=SyncPolicy.NEVER, archive=False)
@@ -109,6 +113,7 @@ class JournalStore:
         self._prealloc: Preallocator | None = None
         self._reader = FileReader(self.journal_dir)
         self._timed = time_writes
+        self._fence = fence
         self._new_handle: type[WriteHandle] = TimedWriteHandle if time_writes else WriteHandle
         # Removes without a completion callback are synced by the next sync (`Op.lazy`).
         self._lazy_removes = not config.sync_acks
@@ -122,6 +127,8 @@ class JournalStore:
         if self.temporary:
             for sub in ("journal", "index", "archive"):
                 shutil.rmtree(self.config.data_dir / sub, ignore_errors=True)
+        if self._fence is not None:
+            self._fence.check()
         recovered = recover(self.config, dedup_window=self.dedup_window, durable=not self.temporary)
         state = recovered.state
         head = recovered.head
@@ -138,6 +145,12 @@ class JournalStore:
             durable=not self.temporary,
         )
         head.attach(self._prealloc, sync_on_rollover=not self.temporary)
+        if self._fence is not None:
+            # A write the previous master had under way as it lost the lease (frozen between
+            # its fence check and its write) can only land in a file this master never writes.
+            state.file_seen(head.file_no, head.offset)
+            head.rollover()
+            state.file_seen(head.file_no, head.offset)
         files = list_files(self.journal_dir)
         self._stats.files = len(files)
         self._stats.disk_bytes = sum(file_path(self.journal_dir, n).stat().st_size for n in files)
@@ -156,6 +169,7 @@ class JournalStore:
             journal_dir=self.journal_dir,
             archive_dir=self.config.data_dir / "archive",
             timed=self._timed,
+            fence=self._fence,
         )
         self._writer.start()
         log.info(

@@ -37,10 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.config import StoreConfig, SyncPolicy
-from sluice.errors import DiskFullError, StoreError
+from sluice.errors import DiskFullError, FencedError, StoreError
 from sluice.store.api import (
     BatchTimes,
     CompletionSink,
+    Fence,
     StoreStats,
     TimedWriteHandle,
     WriteHandle,
@@ -102,8 +103,12 @@ class Writer:
         journal_dir: Path,
         archive_dir: Path,
         timed: bool = False,
+        fence: Fence | None = None,
     ) -> None:
         self.config = config
+        # High availability: checked before every batch, sync and maintenance round, and again
+        # before a batch is confirmed (a broker that lost its lease writes and confirms nothing).
+        self.fence = fence
         # Stamp each batch's progress on its timed handles (`BatchTimes`): the broker's
         # per-hop latency of persistent sends.
         self.timed = timed
@@ -132,6 +137,7 @@ class Writer:
             journal_dir=journal_dir,
             archive_dir=archive_dir,
             fail=self._set_failed,
+            fence=fence,
         )
         self._requests: list[_Request] = []
         # Ops ever queued and ever taken into a batch (a request waits for those before it).
@@ -271,7 +277,7 @@ class Writer:
             for req in requests:
                 self._serve(req)
             if finishing:
-                if self.failed is None:
+                if self.failed is None and self._fenced_ok():
                     self._maintenance.closing_checkpoint()
                 return
 
@@ -315,7 +321,7 @@ class Writer:
         return min(due, self._sync_due())
 
     def _timers(self) -> None:
-        if self.failed is not None:
+        if self.failed is not None or not self._fenced_ok():
             return
         now = time.monotonic()
         if now >= self._sync_due():
@@ -324,7 +330,7 @@ class Writer:
 
     def _serve(self, req: _Request) -> None:
         try:
-            if self.failed is not None:
+            if self.failed is not None or not self._fenced_ok():
                 raise StoreError("the journal store failed earlier") from self.failed
             if req.kind is RequestKind.GC:
                 req.result = self._maintenance.collect()
@@ -359,7 +365,10 @@ class Writer:
             self._fail_ops(ops, handles, self.failed)
             return
         times = BatchTimes(taken_ns) if self.timed else None
+        fence = self.fence
         try:
+            if fence is not None:
+                fence.check()
             self._appender.write(ops, times)
             if times is not None:
                 times.written_ns = times.synced_ns = time.perf_counter_ns()
@@ -372,6 +381,10 @@ class Writer:
                 self._appender.sync()
                 if times is not None:
                     times.synced_ns = time.perf_counter_ns()
+            if fence is not None:
+                # Lost while the batch was written (frozen between the check and the write):
+                # nothing of it is confirmed.
+                fence.check()
         except DiskFullError as exc:
             if _refusable(ops):
                 # Raised before anything of the batch was written, and every op's requester
@@ -433,6 +446,19 @@ class Writer:
         self._fail_ops(ops, handles, exc)
 
     # -- failure -----------------------------------------------------------------------------------
+
+    def _fenced_ok(self) -> bool:
+        """Whether the fence (if any) lets this process write; when it does not, the store
+        fails with `FencedError` and writes nothing more."""
+        fence = self.fence
+        if fence is None:
+            return True
+        try:
+            fence.check()
+        except FencedError as exc:
+            self._set_failed(exc)
+            return False
+        return True
 
     def _set_failed(self, exc: BaseException) -> None:
         if self.failed is None:
