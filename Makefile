@@ -30,13 +30,13 @@ java:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			--no-install-recommends openjdk-17-jre-headless >/dev/null; }
 
-# The browser tests: Debian's Chromium and its driver (never a browser download), and npm for
-# the JavaScript libraries their pages load.
+# The browser tests: Debian's Chromium and its driver (never a browser download), npm for
+# the JavaScript libraries their pages load, and a font for the console's screenshots.
 browser:
 	@{ command -v chromium && command -v chromedriver && command -v npm; } >/dev/null 2>&1 || { \
 		echo "installing chromium, chromium-driver and npm for the browser tests"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			--no-install-recommends chromium chromium-driver npm >/dev/null; }
+			--no-install-recommends chromium chromium-driver npm fonts-dejavu-core >/dev/null; }
 
 # Those libraries, at the versions of the lockfile, from the npm registry.
 JS := tests/browser/js

@@ -39,8 +39,9 @@ class BrokerProcess:
         self._lines_changed = threading.Condition()
         self._stderr_closed = False
 
-    def start(self, timeout: float = 30.0) -> BrokerProcess:
-        """Start and wait for the line that names the port."""
+    def start(self, timeout: float | None = None) -> BrokerProcess:
+        """Start and wait for the line that names the port (without a bound by default: a
+        start with a large store takes long, and the broker's exit ends the wait)."""
         self.launch()
         self.wait_listening(timeout)
         return self
@@ -61,12 +62,12 @@ class BrokerProcess:
         self._drain.start()
         return self
 
-    def wait_listening(self, timeout: float = 30.0) -> int:
+    def wait_listening(self, timeout: float | None = 30.0) -> int:
         """Wait for the line that names the port; return the port."""
         self.wait_log(_LISTENING.pattern, timeout)
         return self.port
 
-    def wait_log(self, pattern: str, timeout: float = 30.0) -> str:
+    def wait_log(self, pattern: str, timeout: float | None = 30.0) -> str:
         """Wait for a stderr line matching the regular expression `pattern`; return the line.
         Raises RuntimeError if the broker exits first, TimeoutError after `timeout`."""
         regex = re.compile(pattern)

@@ -86,7 +86,7 @@ def _digests(files: dict[int, Path], below: int) -> dict[int, str]:
 
 
 def test_frozen_master_resumed_after_takeover_writes_nothing(tmp_path: Path) -> None:
-    lease_s = 2.0
+    lease_s = 3.0
     with ha_pair(tmp_path, lease_s) as pair:
         master = pair.launch("a")
         master.wait_listening()
@@ -102,7 +102,7 @@ def test_frozen_master_resumed_after_takeover_writes_nothing(tmp_path: Path) -> 
                 await asyncio.to_thread(slave.wait_listening, 30)
                 takeover_s = time.monotonic() - frozen_at
                 print(f"failover from a frozen master: takeover {takeover_s:.2f} s")
-                assert takeover_s < lease_s + 3
+                assert takeover_s < lease_s + 3, slave.log_text
                 # What the old master wrote is in files below the new master's first one;
                 # nothing may change them once it has taken over.
                 before = _digests(pair.journal_files(), first_file_of(slave))

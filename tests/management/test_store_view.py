@@ -153,6 +153,8 @@ def test_streams_in_progress_with_their_readers(managed: Managed) -> None:
     assert (stream["sending"], stream["producer_connected"]) == (True, True)
     assert stream["reading"] == "none"
     assert (stream["resume_chunk"], stream["resume_offset"]) == (0, 0)
+    # The furthest chunk held, and no end yet: a reader's progress is "of at least 5".
+    assert (stream["last_chunk"], stream["ended"], stream["length_bytes"]) == (4, False, None)
 
     reader, rcol = _connect(managed.broker.port)
     _subscribe(
@@ -204,5 +206,6 @@ def test_streams_in_progress_with_their_readers(managed: Managed) -> None:
     pcol.receipt("end")
     (stream,) = _streams(managed)
     assert stream["sending"] is False
+    assert (stream["last_chunk"], stream["ended"], stream["length_bytes"]) == (5, True, 500)
     assert managed.http.get("/api/streams?destination=/queue/other").json["total"] == 0
     producer.disconnect()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 pytest.importorskip("pyarrow", reason="needs the spark extra")
 
 from conftest import RunningBroker
-from sluice.errors import CorruptionError
+from sluice.errors import ClientError, CorruptionError
 from sluice.spark.fetch import DataLossError, read_range
 from sluice.spark.journal import JournalFile, journal_files, read_journal_file
 from sluice.spark.offsets import NEXT_OFFSET_HEADER, OffsetRange, fetch_offsets, split_range
@@ -317,3 +318,28 @@ def test_journal_partitions_read_from_another_working_directory(
     monkeypatch.chdir(tmp_path / "executor")
     rows = [row for batch in reader.read(partitions[0]) for row in batch.to_pylist()]
     assert len(rows) == 9
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_one_broker_is_tried_once_and_several_until_the_timeout(
+    spark_broker: RunningBroker,
+) -> None:
+    """A failover: with a master and its slave given, none answering for a moment is waited
+    for; a lone broker that does not answer is an error at once."""
+    closed = f"127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    with pytest.raises(ClientError, match="no broker answered"):
+        WireSession.open(closed, timeout_s=5)
+    assert time.monotonic() - started < 2
+    other = f"127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    with pytest.raises(ClientError, match=f"no broker answered: {closed}: .*; {other}: "):
+        WireSession.open(f"{closed},{other}", timeout_s=0.8)
+    assert time.monotonic() - started >= 0.8
+    with WireSession.open(f"{closed},{spark_broker.address}", timeout_s=5) as session:
+        assert session.label == spark_broker.address

@@ -1,6 +1,6 @@
 """`sluice broker`: run the broker until SIGINT or SIGTERM; SIGHUP reloads the users file and
 the `[[acl]]` rules; with `--latency-hops`, SIGUSR1 reports the per-hop latency so far. With
-`[ha] role`, it first takes the lease on its data directory (`sluice.ha`), waiting as a slave
+`[ha] role`, it first takes the lease on its store (`sluice.ha`), waiting as a slave
 while another broker holds it; it opens nothing and listens nowhere until then."""
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from sluice.cli.logformat import LogFormat
 from sluice.errors import SluiceError
 
 if TYPE_CHECKING:
-    from sluice.ha import FileLease
-    from sluice.ha.pglease import PgLease
+    from sluice.ha import Lease
 
 __all__ = ["add_parsers"]
 
@@ -92,7 +91,7 @@ def _run_broker(args: argparse.Namespace) -> int:
         except ImportError:
             log.info("uvloop is not installed; using the default event loop")
 
-    lease: FileLease | PgLease | None = None
+    lease: Lease | None = None
     if cfg.ha.role is not config_mod.HaRole.OFF:
         lease = _take_lease(cfg)
         if lease is None:
@@ -103,12 +102,17 @@ def _run_broker(args: argparse.Namespace) -> int:
         from sluice.server.listener import BrokerServer  # noqa: PLC0415
         from sluice.server.stores import open_stores  # noqa: PLC0415
 
-        if isinstance(lease, FileLease):
+        if lease is None or isinstance(lease, FileLease):
             # A lease taken because it went unrenewed: its holder may be frozen, not dead.
             store, temp_store = open_stores(
-                cfg, fence=lease, detach_previous_master=lease.previous_may_be_alive
+                cfg,
+                fence=lease,
+                detach_previous_master=lease is not None and lease.previous_may_be_alive,
             )
         else:
+            from sluice.ha.pglease import PgLease  # noqa: PLC0415 - psycopg only then
+
+            assert isinstance(lease, PgLease), lease
             # The PostgreSQL store's lease fences each batch in the database too.
             store, temp_store = open_stores(cfg, database_fence=lease)
         server = BrokerServer(cfg, store, temp_store=temp_store)
@@ -165,7 +169,7 @@ def _run_broker(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _take_lease(cfg: config_mod.Config) -> FileLease | PgLease | None:
+def _take_lease(cfg: config_mod.Config) -> Lease | None:
     """Take the lease on the store before anything is opened (on the data directory, or in the
     PostgreSQL store's database): wait for it as a slave
     (`role = "auto"`) or not at all (`master-only`). SIGINT or SIGTERM while waiting ends the
@@ -173,7 +177,7 @@ def _take_lease(cfg: config_mod.Config) -> FileLease | PgLease | None:
     when `master-only` finds the lease held."""
     from sluice.ha import FileLease  # noqa: PLC0415 - only with [ha]
 
-    lease: FileLease | PgLease
+    lease: Lease
     where: object
     if cfg.store.kind is config_mod.StoreKind.POSTGRES:
         from sluice.ha.pglease import PgLease  # noqa: PLC0415 - psycopg only then

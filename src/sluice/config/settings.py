@@ -27,6 +27,10 @@ DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8161
 # Destinations with series of their own in /metrics (`http.metrics_max_destinations`).
 DEFAULT_METRICS_MAX_DESTINATIONS = 1000
+# Console logins (`[http]`): sessions held at once, and how long one lasts idle and at most.
+DEFAULT_CONSOLE_MAX_SESSIONS = 1000
+DEFAULT_CONSOLE_SESSION_IDLE_S = 1800.0
+DEFAULT_CONSOLE_SESSION_MAX_S = 43200.0
 
 # Prefetch defaults as ActiveMQ's: credit in messages per subscription kind.
 DEFAULT_QUEUE_PREFETCH = 1000
@@ -272,7 +276,10 @@ class HttpSettings:
     `metrics_max_destinations` bounds the destinations that get series of their own in
     `/metrics` (the busiest by depth first); the others are summed up and counted. With `tls`
     (the same table as a listener's) it serves HTTPS, and a verified client certificate logs
-    its holder in as it does on a STOMP listener."""
+    its holder in as it does on a STOMP listener. `console` serves the web console at `/`;
+    its logins are sessions, at most `console_max_sessions` at once (the least recently used
+    goes first), each ending after `console_session_idle_s` unused or `console_session_max_s`
+    in all (docs/console.md)."""
 
     enabled: bool = True
     host: str = DEFAULT_HTTP_HOST
@@ -284,6 +291,10 @@ class HttpSettings:
     # the server's own (`*`: any).
     ws_max_message_bytes: int = 0
     ws_allowed_origins: tuple[str, ...] = ()
+    console: bool = True
+    console_max_sessions: int = DEFAULT_CONSOLE_MAX_SESSIONS
+    console_session_idle_s: float = DEFAULT_CONSOLE_SESSION_IDLE_S
+    console_session_max_s: float = DEFAULT_CONSOLE_SESSION_MAX_S
 
 
 @dataclass(frozen=True)
@@ -437,6 +448,7 @@ class Config:
             raise ConfigError("http.ws_max_message_bytes must not be negative")
         if self.http.enabled and self.http.tls is not None:
             _check_tls(self.http.tls, "[http]")
+        self._check_console()
         self._check_listeners()
         if self.policy.max_redeliveries < 0:
             raise ConfigError("policy.max_redeliveries must not be negative")
@@ -446,6 +458,14 @@ class Config:
         self._check_latency()
         self._check_ha()
         return self
+
+    def _check_console(self) -> None:
+        http = self.http
+        if http.console_max_sessions < 1:
+            raise ConfigError("http.console_max_sessions must be at least 1")
+        for name in ("console_session_idle_s", "console_session_max_s"):
+            if getattr(http, name) <= 0:
+                raise ConfigError(f"http.{name} must be positive (got {getattr(http, name)})")
 
     def _check_ha(self) -> None:
         ha = self.ha

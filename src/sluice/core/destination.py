@@ -224,6 +224,16 @@ class Destination:
         """Messages that came in since the broker started (or created it)."""
         return self.last_seq - self.counted_from_seq
 
+    @property
+    def messages_ready(self) -> int:
+        """What its view counts as ready (a queue adds what waits in a store alone)."""
+        return self.depth
+
+    @property
+    def messages_in_flight(self) -> int:
+        """Messages its consumers hold unacknowledged."""
+        return self._in_flight()
+
     def view(self) -> DestinationView:
         """What an operator sees of it now."""
         raise NotImplementedError

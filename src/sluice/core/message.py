@@ -18,6 +18,7 @@ STREAM_ID = "x-stream-id"
 STREAM_SEQ = "x-stream-seq"
 STREAM_OFFSET = "x-stream-offset"
 STREAM_END = "x-stream-end"
+STREAM_LENGTH = "x-stream-length"
 STREAM_ABORT = "x-stream-abort"
 STREAM_ABORT_REASON = "x-stream-abort-reason"
 # Set by the broker on the first chunk a consumer gets of a stream another consumer left in the

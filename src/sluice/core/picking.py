@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sluice.core.message import STREAM_OFFSET, STREAM_SEQ, Message
+from sluice.core.message import STREAM_END, STREAM_LENGTH, STREAM_OFFSET, STREAM_SEQ, Message
 from sluice.core.paging import PAGE_BYTES, PAGE_MESSAGES, QueuePaging, pending_after
 from sluice.core.paging import pending_key as _key
 from sluice.core.views import MessageView, StreamReading, StreamView
@@ -239,12 +239,17 @@ class QueuePicking(QueuePaging):
                 if message.group_id in wanted:
                     held.setdefault(message.group_id, []).append((sub, message))
         waiting: dict[str, Message] = {}
+        # The furthest chunk of each stream held in memory (in flight or waiting).
+        furthest = {sid: max(chunks, key=lambda c: c[1].seq)[1] for sid, chunks in held.items()}
         for message in self.pending.values():
             group_id = message.group_id
             if group_id in wanted:
                 first = waiting.get(group_id)
                 if first is None or message.seq < first.seq:
                     waiting[group_id] = message
+                last = furthest.get(group_id)
+                if last is None or message.seq > last.seq:
+                    furthest[group_id] = message
         views = []
         for stream_id in ids:
             chunks = sorted(held.get(stream_id, ()), key=lambda item: item[1].seq)
@@ -260,6 +265,7 @@ class QueuePicking(QueuePaging):
             else:
                 reading = StreamReading.NONE
             first = chunks[0][1] if chunks else waiting.get(stream_id)
+            last = furthest.get(stream_id)
             numbers = [n for _, m in chunks if (n := _header_int(m, STREAM_SEQ)) is not None]
             last_ms, connected = sending.get(stream_id, (None, False))
             views.append(
@@ -276,6 +282,9 @@ class QueuePicking(QueuePaging):
                     delivered_chunk=max(numbers) if numbers else None,
                     resume_chunk=_header_int(first, STREAM_SEQ),
                     resume_offset=_header_int(first, STREAM_OFFSET),
+                    last_chunk=_header_int(last, STREAM_SEQ),
+                    ended=last is not None and last.headers.get(STREAM_END) == "true",
+                    length_bytes=_header_int(last, STREAM_LENGTH),
                 )
             )
         return views

@@ -240,6 +240,11 @@ class Queue(QueuePicking):
         """Messages waiting for a consumer in memory (not counting those in flight)."""
         return len(self.pending)
 
+    @property
+    def messages_ready(self) -> int:
+        """Waiting for a consumer: in memory, and in the store alone (paged)."""
+        return len(self.pending) + len(self._evicted) + max(0, self.stored_ahead)
+
     def view(self) -> DestinationView:
         """What an operator sees of it now: ready messages in memory and in the store."""
         paged = len(self._evicted) + max(0, self.stored_ahead)
@@ -247,7 +252,7 @@ class Queue(QueuePicking):
         return DestinationView(
             name=self.name,
             kind=self.kind.value,
-            messages_ready=len(self.pending) + paged,
+            messages_ready=self.messages_ready,
             messages_in_flight=self._in_flight(),
             consumers=len(self.subscriptions),
             producers=self.producers,

@@ -37,6 +37,17 @@ class Traffic:
         self.expired = 0
 
 
+@dataclass(slots=True)
+class DepthTotals:
+    """Every destination summed: how many queues and topics, what they hold ready and what
+    their consumers hold in flight (`Broker.depth_totals`)."""
+
+    queues: int = 0
+    topics: int = 0
+    messages_ready: int = 0
+    messages_in_flight: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Totals:
     """Message counts of the whole broker since it started; they never go down, whatever
@@ -211,7 +222,9 @@ class StreamView:
     Chunk numbers are `x-stream-seq`s. The reader holds `chunks_in_flight` chunks, the furthest
     `delivered_chunk`; `resume_chunk` (at byte `resume_offset`) is the first chunk not
     acknowledged, where the next reader starts if this one dies (None when no chunk of it is in
-    memory: the rest waits in the store)."""
+    memory: the rest waits in the store). `last_chunk` is the furthest chunk held in memory,
+    `ended` whether it is the stream's end (whose `x-stream-length` is `length_bytes`): with
+    them a reader's progress can be shown (`resume_chunk` of `last_chunk + 1`)."""
 
     destination: str
     stream_id: str
@@ -225,3 +238,6 @@ class StreamView:
     delivered_chunk: int | None
     resume_chunk: int | None
     resume_offset: int | None
+    last_chunk: int | None = None
+    ended: bool = False
+    length_bytes: int | None = None

@@ -24,11 +24,26 @@ _T = TypeVar("_T")
 
 
 class Lease(Protocol):
-    """A lease on a store, held by one broker at a time."""
+    """A lease on a store, held by one broker at a time. A lease is the store's `Fence`
+    (`check`). Every kind of store has its own (`FileLease` for a shared data directory); the
+    broker's start takes it, renews it, hands it to the store, and releases it at a clean stop.
+    `on_lost(reason)`, given when it is made, is called once when it is found lost."""
+
+    @property
+    def holder(self) -> str:
+        """Who this process is in the lease (host, process and a random token)."""
+        ...
 
     @property
     def epoch(self) -> int:
         """The epoch this process holds (0 before `acquire`)."""
+        ...
+
+    @property
+    def previous_may_be_alive(self) -> bool:
+        """Whether the previous holder may still be alive (it stopped renewing; nothing says
+        its process ended), so that the store cuts it off before it opens (files it may still
+        write to). False for a lease whose store fences writes itself, such as a database."""
         ...
 
     def acquire(self, stop: object | None = None, *, wait: bool = True) -> int | None:

@@ -167,6 +167,8 @@ class PgLease:
         return self._epoch
 
     message = FENCE_MESSAGE
+    # The database fences every write batch itself: a previous holder that wakes cannot commit.
+    previous_may_be_alive = False
 
     def statement(self) -> tuple[str, tuple[str, str, int]]:
         """The statement (and its parameters) a write transaction runs first: it raises, and so

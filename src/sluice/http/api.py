@@ -1,4 +1,5 @@
-"""The API's overview and destinations: `/api/overview`, `/api/destinations` (list, filter,
+"""The API's overview and destinations: `/api/overview` (and `/api/overview/history`, its
+recent samples for charts), `/api/destinations` (list, filter,
 sort, paginate) and one destination (`/api/destinations/{queue|topic}/{name}`: show, create
 with PUT, delete). Its messages are in `messages.py`.
 
@@ -47,6 +48,8 @@ _SORT_KEYS: dict[str, Any] = {
         "acked",
     )
 }
+
+_BY_NAME: dict[str, Any] = {"name": lambda name: name}
 
 
 def _rss_bytes() -> int | None:
@@ -102,7 +105,7 @@ class DestinationsApi:
         broker = self.broker
         config = broker.config
         stats = broker.snapshot()
-        views = broker.destination_views()
+        depth = broker.depth_totals()
         totals = dataclasses.asdict(broker.totals())
         store, temp = broker.store_disk, broker.temp_disk
         body = {
@@ -112,12 +115,7 @@ class DestinationsApi:
             "started_at_ms": broker.started_ms,
             "totals": totals,
             "rates": dataclasses.asdict(self.server.rates.broker_rates),
-            "destinations": {
-                "queues": sum(1 for v in views if v.kind == "queue"),
-                "topics": sum(1 for v in views if v.kind == "topic"),
-                "messages_ready": sum(v.messages_ready for v in views),
-                "messages_in_flight": sum(v.messages_in_flight for v in views),
-            },
+            "destinations": dataclasses.asdict(depth),
             "connections": len(self.server.managed.connection_views()),
             "memory": {
                 "used_bytes": broker.usage.used,
@@ -163,6 +161,17 @@ class DestinationsApi:
         }
         return web.json_response(body)
 
+    async def history(self, request: web.Request) -> web.Response:
+        """The broker's recent samples (rates, depth, memory, store), oldest first."""
+        caller_of(request).require_broker(Permission.READ)
+        sampler = self.server.rates
+        return web.json_response(
+            {
+                "interval_s": sampler.interval_s,
+                "samples": [dataclasses.asdict(sample) for sample in sampler.history],
+            }
+        )
+
     # -- destinations ---------------------------------------------------------------------------
 
     async def list(self, request: web.Request) -> web.Response:
@@ -174,6 +183,19 @@ class DestinationsApi:
         if kind is not None and kind not in _KINDS:
             raise ApiError(ErrorCode.BAD_REQUEST, "kind must be queue or topic")
         part = query.get("name", "")
+        if query.get("sort", "name") == "name":
+            # By name (the default): only the page's destinations are looked at, so that a
+            # broker of ten thousand answers as fast as a small one.
+            prefix = "/" if kind is None else f"/{kind}/"
+            names = [
+                name
+                for name in self.broker.destination_names()
+                if name.startswith(prefix) and part in name and caller.allows(name, Permission.READ)
+            ]
+            page = page_of(
+                names, query, sort_keys=_BY_NAME, default_sort="name", render=self._render_name
+            )
+            return web.json_response(page)
         views = [
             view
             for view in self.broker.destination_views()
@@ -183,6 +205,9 @@ class DestinationsApi:
         ]
         page = page_of(views, query, sort_keys=_SORT_KEYS, default_sort="name", render=self.render)
         return web.json_response(page)
+
+    def _render_name(self, name: str) -> dict[str, Any]:
+        return self.render(self._view(name))
 
     async def show(self, request: web.Request) -> web.Response:
         """One destination."""
@@ -235,6 +260,7 @@ def routes(server: Serving) -> list[web.RouteDef]:
     one = "/api/destinations/{kind}/{name}"
     return [
         web.get("/api/overview", handlers.overview, allow_head=False),
+        web.get("/api/overview/history", handlers.history, allow_head=False),
         web.get("/api/destinations", handlers.list, allow_head=False),
         web.get(one, handlers.show, allow_head=False),
         web.put(one, handlers.create),

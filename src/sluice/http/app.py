@@ -1,7 +1,9 @@
 """The management server: an aiohttp application on the broker's event loop, its routes, the
 checks every request goes through (`_guard`: who calls, and errors as JSON), and the health
 checks. The API's handlers are in `api.py`, `messages.py`, `downloads.py`, `connections.py`,
-`store.py` and `definitions.py`, the metrics in `metrics.py`.
+`store.py` and `definitions.py`, the metrics in `metrics.py`; the web console's files and the
+security headers of every answer in `pages.py`, its logins (sessions, CSRF, Origin) in
+`sessions.py`.
 
 No thread per request: handlers run on the loop and only ask the core for values; a password
 hash runs on the broker's login threads (`gate.py`).
@@ -31,8 +33,10 @@ from sluice.errors import SluiceError
 from sluice.http import api, connections, definitions, downloads, messages, metrics, store
 from sluice.http.context import Managed
 from sluice.http.errors import ApiError, ErrorCode, error_response
-from sluice.http.gate import CALLER, authenticate
+from sluice.http.gate import CALLER
+from sluice.http.pages import ConsoleFiles, security_headers
 from sluice.http.rates import RateSampler
+from sluice.http.sessions import ConsoleAuth
 from sluice.http.websocket import STOMP_PATH, install_stomp
 
 __all__ = ["ManagementServer"]
@@ -81,6 +85,9 @@ class ManagementServer:
         self._runner: web.AppRunner | None = None
         self._tls_listener: TlsListener | None = None
         self._sampler: RateSampler | None = None
+        # Console logins and the cross-site checks; the console's files when it is on.
+        self.auth = ConsoleAuth(managed, self.settings)
+        self.console = ConsoleFiles() if self.settings.console else None
         self.app = self._build_app()
 
     # -- the application ------------------------------------------------------------------------
@@ -97,8 +104,17 @@ class ManagementServer:
         app.router.add_routes(definitions.routes(self))
         app.router.add_routes(connections.routes(self))
         app.router.add_routes(metrics.routes(self))
+        app.router.add_routes(self.auth.routes())
+        if self.console is not None:
+            app.router.add_routes(self.console.routes())
+        app.on_response_prepare.append(security_headers)
         install_stomp(app, self)
         return app
+
+    def _is_open(self, request: web.Request) -> bool:
+        if request.path in _OPEN_PATHS or self.auth.is_open(request):
+            return True
+        return self.console is not None and self.console.is_open(request)
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -107,9 +123,8 @@ class ManagementServer:
             limit = LARGE_BODY_PATHS.get(request.path, MAX_REQUEST_BYTES)
             if length is not None and length > limit:
                 raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body over {limit} bytes")
-            if request.path not in _OPEN_PATHS:
-                managed = self.managed
-                request[CALLER] = await authenticate(request, managed.guard, managed.broker)
+            if not self._is_open(request):
+                request[CALLER] = await self.auth.caller(request)
             return await handler(request)
         except ApiError as exc:
             return error_response(exc.code, exc.message, exc.headers, exc.problems)

@@ -93,6 +93,11 @@ class Managed(Protocol):
         none."""
         ...
 
+    def current_identity(self, identity: Identity) -> Identity | None:
+        """Who a user logged in earlier is now (a reload may change the groups); None once
+        the user may no longer log in."""
+        ...
+
     async def serve_websocket(self, socket: StompSocket) -> None:
         """Serve STOMP over an accepted WebSocket until it closes."""
         ...

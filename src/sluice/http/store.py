@@ -1,7 +1,8 @@
 """The API's view of the message store and of the streams in progress: `/api/store` (where the
 journal stands: checkpoint, head, last collection and compaction, archive), `/api/store/files`
 (its data files with their size, live messages, and what pins each: destinations' live messages
-with the oldest sequence of each, state records, open transactions, files that must go first)
+with the oldest sequence of each, state records, open transactions, files that must go first;
+`history`: the collections and compactions seen lately, `rates.StoreEvent`)
 and `/api/streams` (streams being sent or read: who reads each, how far, where the next reader
 would resume).
 
@@ -66,6 +67,7 @@ class StoreApi:
     """The handlers of the store's view and the streams."""
 
     def __init__(self, server: Serving) -> None:
+        self.server = server
         self.broker = server.managed.broker
 
     async def _inspect(self) -> StoreView:
@@ -99,6 +101,7 @@ class StoreApi:
             "archive": dataclasses.asdict(archive) if archive is not None else None,
             "messages_scanned": view.messages_scanned,
             "complete": view.complete,
+            "history": [dataclasses.asdict(event) for event in self.server.rates.store_events],
         }
         return web.json_response(body)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sluice import __version__
 from sluice.auth.acl import AccessControl
 from sluice.auth.handshake import TlsListener
+from sluice.auth.identity import Identity
 from sluice.auth.login import Authenticator as UsersAuthenticator
 from sluice.auth.tls import server_context
 from sluice.auth.users import UsersFile, load_users
@@ -205,6 +206,19 @@ class BrokerServer:
                 session.close_by_operator(reason)
                 return True
         return False
+
+    def current_identity(self, identity: Identity) -> Identity | None:
+        """Who a user logged in earlier (a console session) is now, after any reload of the
+        users file: None once the user was removed, or anonymous access is no longer allowed.
+        With an authenticator of its own (not the users file) the identity stands."""
+        if self.guard.authenticate is not self.authenticator:
+            return identity
+        users = self.authenticator.users
+        if identity.anonymous:
+            allowed = users is None or self.authenticator.allow_anonymous
+            return identity if allowed else None
+        user = users.get(identity.user) if users is not None else None
+        return user.identity if user is not None else None
 
     def _new_session(self) -> StompSession:
         if self.latency is not None:

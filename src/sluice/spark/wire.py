@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
 
-from sluice.client.address import parse_brokers
+from sluice.client.address import BrokerAddress, parse_brokers
 from sluice.client.tls import client_context
 from sluice.errors import BrokerErrorFrame, ClientError, ProtocolError
 from sluice.spark.options import TlsOptions
@@ -36,6 +36,10 @@ __all__ = ["DEFAULT_TIMEOUT_S", "WireSession"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
+# With several brokers, how long to wait before trying them all again: doubling from the first
+# to the second.
+FAILOVER_BACKOFF_MIN_S = 0.1
+FAILOVER_BACKOFF_MAX_S = 1.0
 # Write the output buffer once it holds this much.
 _FLUSH_BYTES = 256 * 1024
 _RECV_BYTES = 256 * 1024
@@ -83,6 +87,10 @@ class WireSession:
         """Connect to the first broker of `brokers` (`host:port[,host:port...]`) that answers,
         over TLS with `tls`.
 
+        With several brokers (a master and its slaves), none answering is what a failover looks
+        like for a few seconds: they are tried in turn again, backing off up to
+        `FAILOVER_BACKOFF_MAX_S`, until `timeout_s` has passed. One broker is tried once.
+
         Raises `BrokerErrorFrame` if a broker refuses the CONNECT, `ClientError` if none answers.
         """
         context = None
@@ -90,29 +98,51 @@ class WireSession:
             context = client_context(
                 ca=tls.ca, cert=tls.cert, key=tls.key, key_password=tls.key_password
             )
-        failures: list[str] = []
-        for address in parse_brokers(brokers):
-            label = str(address)
-            try:
-                sock = socket.create_connection((address.host, address.port), timeout_s)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if context is not None:
-                    sock = _wrap(context, sock, address.host)
-            except OSError as exc:
-                failures.append(f"{label}: {exc.strerror or exc}")
-                continue
-            session = cls(sock, StompConnection(Role.CLIENT), label)
-            try:
-                session._handshake(login, passcode, client_id)
-            except BrokerErrorFrame:
-                session._drop()
-                raise
-            except (OSError, ClientError) as exc:
-                session._drop()
-                failures.append(f"{label}: {exc}")
-                continue
-            return session
-        raise ClientError("no broker answered: " + "; ".join(failures))
+        addresses = parse_brokers(brokers)
+        deadline = time.monotonic() + timeout_s
+        backoff_s = FAILOVER_BACKOFF_MIN_S
+        while True:
+            failures: list[str] = []
+            for address in addresses:
+                session = cls._try(address, context, login, passcode, client_id, timeout_s)
+                if isinstance(session, WireSession):
+                    return session
+                failures.append(session)
+            left = deadline - time.monotonic()
+            if len(addresses) == 1 or left <= 0:
+                raise ClientError("no broker answered: " + "; ".join(failures))
+            time.sleep(min(backoff_s, left))
+            backoff_s = min(backoff_s * 2, FAILOVER_BACKOFF_MAX_S)
+
+    @classmethod
+    def _try(
+        cls,
+        address: BrokerAddress,
+        context: ssl.SSLContext | None,
+        login: str | None,
+        passcode: str | None,
+        client_id: str | None,
+        timeout_s: float,
+    ) -> WireSession | str:
+        """A session with `address`, or why there is none."""
+        label = str(address)
+        try:
+            sock = socket.create_connection((address.host, address.port), timeout_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if context is not None:
+                sock = _wrap(context, sock, address.host)
+        except OSError as exc:
+            return f"{label}: {exc.strerror or exc}"
+        session = cls(sock, StompConnection(Role.CLIENT), label)
+        try:
+            session._handshake(login, passcode, client_id)
+        except BrokerErrorFrame:
+            session._drop()
+            raise
+        except (OSError, ClientError) as exc:
+            session._drop()
+            return f"{label}: {exc}"
+        return session
 
     def _handshake(self, login: str | None, passcode: str | None, client_id: str | None) -> None:
         extra = {"client-id": client_id} if client_id else None
