@@ -97,12 +97,20 @@ def listening_ports(pid: int) -> set[int]:
 class HaPair:
     """Brokers `a` and `b` on one data directory, each on a port fixed in advance."""
 
-    def __init__(self, root: Path, lease_s: float, postgres: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        lease_s: float,
+        postgres: tuple[str, str] | None = None,
+        extra: str = "",
+    ) -> None:
         self.root = root
         self.data = root / "data"
         self.lease_s = lease_s
         # (url, schema) of a PostgreSQL store, instead of the journal on `data`.
         self.postgres = postgres
+        # More TOML for both brokers' configuration.
+        self.extra = extra
         self.ports = {"a": free_port(), "b": free_port()}
         self.procs: list[BrokerProcess] = []
 
@@ -122,6 +130,7 @@ class HaPair:
             )
         else:
             config = _CONFIG.format(data=self.data, lease_s=self.lease_s)
+        config += self.extra
         port = self.ports.setdefault(name, free_port())
         broker = BrokerProcess(config, workdir, "--stomp", f"127.0.0.1:{port}", *extra_args)
         self.procs.append(broker)
@@ -149,9 +158,9 @@ class HaPair:
 
 @contextlib.contextmanager
 def ha_pair(
-    root: Path, lease_s: float, postgres: tuple[str, str] | None = None
+    root: Path, lease_s: float, postgres: tuple[str, str] | None = None, extra: str = ""
 ) -> Iterator[HaPair]:
-    pair = HaPair(root, lease_s, postgres)
+    pair = HaPair(root, lease_s, postgres, extra)
     try:
         yield pair
     finally:
