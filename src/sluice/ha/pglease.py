@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 # The error the fence raises in the database, and how the store recognizes it.
 FENCE_MESSAGE = "sluice: this broker does not hold the lease"
 # A waiting broker tries this often at most.
-MAX_POLL_S = 1.0
+MAX_POLL_S = 0.25
 _TABLE = "ha_lease"
 _FENCE_FUNCTION = "ha_fence"
 
