@@ -34,8 +34,8 @@ from sluice.spark.offsets import (
     offsets_from_receipt,
     open_session,
 )
-from sluice.spark.options import SourceOptions
-from sluice.spark.schema import TOPIC_ARROW_SCHEMA, timestamps_from_text
+from sluice.spark.options import SCHEMA_KAFKA, SourceOptions
+from sluice.spark.schema import TOPIC_ARROW_SCHEMA, kafka_batch, timestamps_from_text
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
 
@@ -75,11 +75,18 @@ class DataLossError(SluiceError):
 def read_range(
     options: SourceOptions, offsets: OffsetRange, *, batch_rows: int = BATCH_ROWS
 ) -> Iterator[Any]:
-    """Yield the messages of `offsets` as Arrow record batches of the topic schema."""
+    """Yield the messages of `offsets` as Arrow record batches of the topic schema (Kafka's
+    columns with option `schema=kafka`)."""
     if not len(offsets):
         return
     with open_session(options) as session:
-        yield from _RangeReader(session, options, offsets, batch_rows).batches()
+        batches = _RangeReader(session, options, offsets, batch_rows).batches()
+        if options.schema != SCHEMA_KAFKA:
+            yield from batches
+            return
+        name = offsets.topic.removeprefix("/topic/")
+        for batch in batches:
+            yield kafka_batch(batch, name)
 
 
 class _RangeReader:

@@ -77,7 +77,7 @@ KAFKA_SOURCE_EQUIVALENTS: dict[str, str] = {
     "startingtimestamp": "use option startingOffsets with an offset",
     "endingoffsetsbytimestamp": "use option endingOffsets with an offset",
     "endingtimestamp": "use option endingOffsets with an offset",
-    "startingoffsetsbytimestampstrategy": _NO_EQUIVALENT,
+    "startingoffsetsbytimestampstrategy": "use option startingOffsets with an offset",
     "kafka.group.id": "use option subscription (a durable subscription kept at the "
     "query's committed offset)",
     "groupidprefix": "use option subscription",

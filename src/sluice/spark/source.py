@@ -32,7 +32,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
+    IntegerType,
     LongType,
     MapType,
     StringType,
@@ -53,12 +55,14 @@ from sluice.spark.offsets import (
 )
 from sluice.spark.options import (
     EARLIEST,
+    SCHEMA_KAFKA,
+    SCHEMA_SLUICE,
     OptionError,
     SourceOptions,
     sink_options,
     source_options,
 )
-from sluice.spark.schema import TOPIC_COLUMNS
+from sluice.spark.schema import KAFKA_COLUMNS, TOPIC_COLUMNS
 from sluice.spark.sink import SluiceBatchWriter, SluiceStreamWriter
 
 __all__ = [
@@ -81,6 +85,10 @@ _SPARK_TYPES: dict[str, Any] = {
     "TIMESTAMP": TimestampType(),
     "MAP<STRING,STRING>": MapType(StringType(), StringType()),
     "BINARY": BinaryType(),
+    "INT": IntegerType(),
+    "ARRAY<STRUCT<key:STRING,value:BINARY>>": ArrayType(
+        StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    ),
 }
 
 
@@ -89,10 +97,12 @@ def spark_type(kind: str) -> Any:
     return _SPARK_TYPES[kind]
 
 
-def topic_schema() -> Any:
+def topic_schema(kind: str = SCHEMA_SLUICE) -> Any:
     """`offset LONG, destination STRING, message_id STRING, timestamp TIMESTAMP,
-    headers MAP<STRING,STRING>, body BINARY`, built without asking the JVM to parse DDL."""
-    return StructType([StructField(name, spark_type(kind)) for name, kind in TOPIC_COLUMNS])
+    headers MAP<STRING,STRING>, body BINARY`, or with `kind` kafka Kafka's columns (`key`,
+    `value`, ...), built without asking the JVM to parse DDL."""
+    columns = KAFKA_COLUMNS if kind == SCHEMA_KAFKA else TOPIC_COLUMNS
+    return StructType([StructField(name, spark_type(kind)) for name, kind in columns])
 
 
 class TopicRange(InputPartition):  # type: ignore[misc,unused-ignore]
@@ -159,8 +169,9 @@ class SluiceDataSource(DataSource):  # type: ignore[misc,unused-ignore]
         return "sluice"
 
     def schema(self) -> Any:
-        """The schema of rows read from a topic."""
-        return topic_schema()
+        """The schema of rows read from a topic (option `schema`: sluice or kafka)."""
+        kind = str(self.options.get("schema", SCHEMA_SLUICE)).strip().lower()
+        return topic_schema(SCHEMA_KAFKA if kind == SCHEMA_KAFKA else SCHEMA_SLUICE)
 
     def reader(self, schema: Any) -> SluiceBatchReader:
         """`spark.read.format("sluice")`."""
