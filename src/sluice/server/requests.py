@@ -24,6 +24,7 @@ from sluice.server.access import SessionAccess
 from sluice.server.context import CloseReason
 from sluice.server.hops import HopRecorder, ReadStamps, TracedReceiptQueue
 from sluice.server.outbound import Outbound
+from sluice.server.range_reads import is_range_read, range_block
 from sluice.server.receipts import (
     PendingReceipt,
     ReceiptQueue,
@@ -183,6 +184,9 @@ class Requests:
 
     def _on_subscribe(self, frame: Frame, receipt: str | None) -> None:
         core = self._core
+        if is_range_read(frame):
+            self._range_read(frame, receipt)
+            return
         sub_id, destination, mode, options = parse_subscribe(frame)
         self.access.check_use(destination, Permission.READ)
         sub = core.subscribe(sub_id, destination, mode, options)
@@ -198,6 +202,17 @@ class Requests:
                 first, last = topic.offsets()
                 extra = f"x-first-offset:{first}\nx-last-offset:{last}\n"
             self.receipt(receipt, extra)
+
+    def _range_read(self, frame: Frame, receipt: str | None) -> None:
+        """A block of a topic's log in one MESSAGE (`range_reads.py`), then the receipt."""
+        name = frame.headers["destination"]
+        self.access.check_use(name, Permission.READ)
+        topic = self._core.destination(name)
+        if not isinstance(topic, Topic):
+            raise RequestError(f"a range read reads a topic, not {name}")
+        self.outbound.write(range_block(self._broker, topic, frame, self._version))
+        if receipt is not None:
+            self.receipt(receipt)
 
     def _on_unsubscribe(self, frame: Frame, receipt: str | None) -> None:
         core = self._core

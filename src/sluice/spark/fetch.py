@@ -27,14 +27,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.errors import SluiceError
+from sluice.spark.blocks import DataLossError, RangeReadsUnsupported, read_blocks
 from sluice.spark.offsets import (
     NEXT_OFFSET_HEADER,
     OffsetRange,
     offsets_from_receipt,
     open_session,
 )
-from sluice.spark.options import SCHEMA_KAFKA, SourceOptions
+from sluice.spark.options import FETCH_BLOCKS, SCHEMA_KAFKA, SourceOptions
 from sluice.spark.schema import TOPIC_ARROW_SCHEMA, kafka_batch, timestamps_from_text
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
@@ -68,10 +68,6 @@ _NOT_HEADERS = frozenset(
 _HEADERS_TYPE = TOPIC_ARROW_SCHEMA.field("headers").type
 
 
-class DataLossError(SluiceError):
-    """Offsets a query needs are no longer kept by the broker (and `failOnDataLoss` is on)."""
-
-
 def read_range(
     options: SourceOptions, offsets: OffsetRange, *, batch_rows: int = BATCH_ROWS
 ) -> Iterator[Any]:
@@ -79,14 +75,26 @@ def read_range(
     columns with option `schema=kafka`)."""
     if not len(offsets):
         return
+    if options.fetch == FETCH_BLOCKS:
+        with open_session(options) as session:
+            try:
+                yield from _kafka(options, offsets, read_blocks(session, options, offsets))
+                return
+            except RangeReadsUnsupported:
+                logger.info("%s: the broker has no range reads; reading frame by frame", offsets)
     with open_session(options) as session:
         batches = _RangeReader(session, options, offsets, batch_rows).batches()
-        if options.schema != SCHEMA_KAFKA:
-            yield from batches
-            return
-        name = offsets.topic.removeprefix("/topic/")
-        for batch in batches:
-            yield kafka_batch(batch, name)
+        yield from _kafka(options, offsets, batches)
+
+
+def _kafka(options: SourceOptions, offsets: OffsetRange, batches: Iterator[Any]) -> Iterator[Any]:
+    """`batches`, in Kafka's columns with option `schema=kafka`."""
+    if options.schema != SCHEMA_KAFKA:
+        yield from batches
+        return
+    name = offsets.topic.removeprefix("/topic/")
+    for batch in batches:
+        yield kafka_batch(batch, name)
 
 
 class _RangeReader:

@@ -50,6 +50,7 @@ SOURCE_OPTIONS = (
     "failOnUnknownTopic",
     "prefetch",
     "schema",
+    "fetch",
 )
 SINK_OPTIONS = (
     *_CONNECTION,

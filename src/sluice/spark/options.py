@@ -32,6 +32,8 @@ __all__ = [
     "DEFAULT_PREFETCH",
     "DEFAULT_TIMEOUT_MS",
     "EARLIEST",
+    "FETCH_BLOCKS",
+    "FETCH_FRAMES",
     "LATEST",
     "SCHEMA_KAFKA",
     "SCHEMA_SLUICE",
@@ -55,6 +57,10 @@ LATEST = "latest"
 # Values of the source's `schema` option: Sluice's columns, or Kafka's (key, value, ...).
 SCHEMA_SLUICE = "sluice"
 SCHEMA_KAFKA = "kafka"
+# Values of the source's `fetch` option: range blocks (many messages per frame), or one MESSAGE
+# frame per message through a subscription (for brokers without range reads).
+FETCH_BLOCKS = "blocks"
+FETCH_FRAMES = "frames"
 _TOPIC_PREFIX = "/topic/"
 _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _TRUE = ("true", "1", "yes")
@@ -98,6 +104,7 @@ class SourceOptions:
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     prefetch: int = DEFAULT_PREFETCH
     schema: str = SCHEMA_SLUICE
+    fetch: str = FETCH_BLOCKS
 
     @property
     def timeout_s(self) -> float:
@@ -181,6 +188,16 @@ def _offset_spec(options: dict[str, str], name: str, default: str, allowed: tupl
     )
 
 
+def _choice(options: dict[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    text = raw.strip().lower()
+    if text not in allowed:
+        raise OptionError(f"option {name} must be {' or '.join(allowed)}, got {raw[:40]!r}")
+    return text
+
+
 def _text(options: dict[str, str], name: str) -> str | None:
     raw = options.get(name.lower())
     if raw is None or not raw.strip():
@@ -261,6 +278,7 @@ def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOpti
         timeout_ms=_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS, 1) or DEFAULT_TIMEOUT_MS,
         prefetch=_int(opts, "prefetch", DEFAULT_PREFETCH, 2) or DEFAULT_PREFETCH,
         schema=schema,
+        fetch=_choice(opts, "fetch", FETCH_BLOCKS, (FETCH_BLOCKS, FETCH_FRAMES)),
     )
 
 
