@@ -82,7 +82,7 @@ def main() -> None:
         work = Path(tmp)
         config = (
             f"[store]\nkind = '{args.store}'\ndata_dir = '{work / 'data'}'\n"
-            "[policy]\nretention_s = 86400.0\n"
+            "[http]\nenabled = false\n[policy]\nretention_s = 86400.0\n"
             "[limits]\ndestination_memory_limit_bytes = 4294967296\n"
             "memory_limit_bytes = 8589934592\n"
         )

@@ -1,4 +1,5 @@
-"""Range reads: a block of a topic's log in one MESSAGE, from memory and from the journal."""
+"""Range reads (a block of a topic's log in one MESSAGE, from memory and from the journal) and
+records blocks (many messages in one SEND)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from conftest import RunningBroker, start_broker
 from sluice.errors import BrokerErrorFrame
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command, Frame
+from sluice.stomp.records import encode_block
 
 pyarrow = pytest.importorskip("pyarrow", reason="the block decoder needs the spark extra")
 from sluice.spark.blocks import decode_block  # noqa: E402
@@ -76,3 +78,72 @@ def test_a_range_read_of_a_queue_is_refused(journal_broker: RunningBroker) -> No
     with WireSession.open(journal_broker.address) as session:
         with pytest.raises(BrokerErrorFrame, match="reads a topic"):
             _block(session, "/queue/range.q", 1, 5)
+
+
+# -- records blocks: many messages in one SEND -----------------------------------------------------
+
+
+def _records(*rows: tuple[dict[str, str], bytes]) -> bytes:
+    class Row:
+        seq = timestamp_ms = expires_ms = 0
+        message_id = ""
+        priority = 4
+        persistent = False
+
+        def __init__(self, headers: dict[str, str], body: bytes) -> None:
+            self.headers, self.body = headers, body
+
+    return b"".join(encode_block([Row(h, b) for h, b in rows]))
+
+
+def _drain(session: WireSession, queue: str, expected: int) -> list[Frame]:
+    session.request(Command.SUBSCRIBE, {"destination": queue, "id": "q", "ack": "auto"})
+    frames = session.take_messages()
+    while len(frames) < expected:
+        frames.append(session.receive())
+    return frames
+
+
+def test_a_records_block_sends_each_row_once(journal_broker: RunningBroker) -> None:
+    queue = "/queue/records.once"
+    block = _records(
+        ({"x-dedup-id": "w:0", "k": "a"}, b"zero"),
+        ({"x-dedup-id": "w:1", "destination": "/queue/elsewhere"}, b"one"),
+        ({"x-dedup-id": "w:2"}, b""),
+    )
+    before = journal_broker.stats().get("duplicates_dropped", 0)
+    with WireSession.open(journal_broker.address) as session:
+        for tx in ("t1", "t2"):  # the second is a replay: every id is a duplicate
+            session.send(Command.BEGIN, {"transaction": tx})
+            headers = {"destination": queue, "transaction": tx, "persistent": "true"}
+            session.send(Command.SEND, {**headers, "x-records-block": "1"}, block)
+            session.request(Command.COMMIT, {"transaction": tx})
+        session.set_timeout(10)
+        frames = _drain(session, queue, 3)
+        session.set_timeout(0.5)
+        with pytest.raises(TimeoutError):
+            session.receive()
+    assert [f.body for f in frames] == [b"zero", b"one", b""]
+    assert frames[0].headers["k"] == "a"
+    assert frames[0].headers["persistent"] == "true"
+    assert all(f.headers["destination"] == queue for f in frames)
+    assert journal_broker.stats().get("duplicates_dropped", 0) - before == 3
+
+
+def test_a_records_block_outside_a_transaction_or_malformed_is_refused(
+    journal_broker: RunningBroker,
+) -> None:
+    block = _records(({"x-dedup-id": "z"}, b"z"))
+    headers = {"destination": "/queue/records.bad", "x-records-block": "1"}
+    with WireSession.open(journal_broker.address) as session:
+        with pytest.raises(BrokerErrorFrame, match="inside a transaction"):
+            session.request(Command.SEND, dict(headers), block)
+    with WireSession.open(journal_broker.address) as session:
+        session.send(Command.BEGIN, {"transaction": "t"})
+        with pytest.raises(BrokerErrorFrame, match="malformed records block"):
+            session.request(Command.SEND, {**headers, "transaction": "t"}, block[:-1])
+    with WireSession.open(journal_broker.address) as session:
+        session.request(Command.SUBSCRIBE, {"destination": "/queue/records.bad", "id": "q"})
+        session.set_timeout(0.5)
+        with pytest.raises(TimeoutError):
+            session.receive()

@@ -1,5 +1,8 @@
 """Reading exactly one offset range of a topic: what `read()` of the `sluice` source runs.
 
+By default the range is read in range blocks (`sluice.spark.blocks`, option `fetch=blocks`).
+This module is the frame by frame way (`fetch=frames`, and any broker without range reads):
+
 The task subscribes at the range's first offset (`x-offset`), with `client` (cumulative) acks and
 a credit of `prefetch` messages and `_PREFETCH_BYTES` bytes, so the broker never has more than
 that on its way to a task that Spark keeps busy elsewhere. It acknowledges every half credit and

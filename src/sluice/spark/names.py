@@ -59,6 +59,7 @@ SINK_OPTIONS = (
     "persistent",
     "writeId",
     "dedupWindow",
+    "send",
 )
 JOURNAL_OPTIONS = ("path", "failOnCorruption")
 

@@ -37,6 +37,8 @@ __all__ = [
     "LATEST",
     "SCHEMA_KAFKA",
     "SCHEMA_SLUICE",
+    "SEND_BLOCKS",
+    "SEND_FRAMES",
     "JournalOptions",
     "OptionError",
     "SinkOptions",
@@ -61,6 +63,9 @@ SCHEMA_KAFKA = "kafka"
 # frame per message through a subscription (for brokers without range reads).
 FETCH_BLOCKS = "blocks"
 FETCH_FRAMES = "frames"
+# Values of the sink's `send` option: records blocks (many rows per SEND), or one SEND per row.
+SEND_BLOCKS = "blocks"
+SEND_FRAMES = "frames"
 _TOPIC_PREFIX = "/topic/"
 _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _TRUE = ("true", "1", "yes")
@@ -125,6 +130,7 @@ class SinkOptions:
     write_id: str | None = None
     dedup_window: int = DEFAULT_DEDUP_WINDOW
     timeout_ms: int = DEFAULT_TIMEOUT_MS
+    send: str = SEND_BLOCKS
 
     @property
     def timeout_s(self) -> float:
@@ -299,6 +305,7 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
         write_id=_text(opts, "writeId"),
         dedup_window=_int(opts, "dedupWindow", DEFAULT_DEDUP_WINDOW, 1) or DEFAULT_DEDUP_WINDOW,
         timeout_ms=_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS, 1) or DEFAULT_TIMEOUT_MS,
+        send=_choice(opts, "send", SEND_BLOCKS, (SEND_BLOCKS, SEND_FRAMES)),
     )
 
 

@@ -25,6 +25,11 @@ The header entries of a message are those a MESSAGE frame would carry beyond its
 `expires` and `priority` when not the defaults, `persistent:true`, then the user's headers;
 unescaped. A decoder checks every length against the block's size before it slices (see
 `sluice.spark.blocks`). This module has no dependency beyond the standard library.
+
+The same layout carries many messages the other way, from a writer (the Spark sink) to the
+broker: a SEND inside a transaction with `x-records-block` whose body is a block; `offset`,
+`timestamp` and `message_id` are then ignored (zeros and empty), and `decode_records` gives the
+broker each message's headers and body.
 """
 
 from __future__ import annotations
@@ -32,9 +37,17 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Sequence
-from typing import Protocol
+from itertools import pairwise
+from typing import Any, Protocol
 
-__all__ = ["BLOCK_MAGIC", "HEADER_BYTES", "BlockRecord", "encode_block"]
+__all__ = [
+    "BLOCK_MAGIC",
+    "HEADER_BYTES",
+    "BlockFormatError",
+    "BlockRecord",
+    "decode_records",
+    "encode_block",
+]
 
 BLOCK_MAGIC = b"SLR1"
 HEADER_BYTES = 12
@@ -128,3 +141,67 @@ def encode_block(messages: Sequence[BlockRecord]) -> list[bytes]:
         _little(body_offsets),
         *body_parts,
     ]
+
+
+class BlockFormatError(ValueError):
+    """A block whose lengths or offsets do not fit its size (the peer sent bad bytes)."""
+
+
+def _offsets(view: memoryview, at: int, count: int, typecode: str, what: str) -> tuple[int, Any]:
+    width = 8 if typecode == "q" else 4
+    end = at + width * count
+    if end > len(view):
+        raise BlockFormatError(f"block cut short in its {what}")
+    values = array(typecode)
+    values.frombytes(view[at:end])
+    if _SWAP:
+        values.byteswap()
+    return end, values
+
+
+def _column(view: memoryview, at: int, count: int, what: str) -> tuple[int, Any, memoryview]:
+    """(next position, `count + 1` offsets checked ascending from 0, the bytes they index)."""
+    at, offsets = _offsets(view, at, count + 1, "i", what)
+    if offsets[0] != 0 or any(a > b for a, b in pairwise(offsets)):
+        raise BlockFormatError(f"block's {what} offsets do not ascend from 0")
+    end = at + offsets[-1]
+    if end > len(view):
+        raise BlockFormatError(f"block cut short in its {what}")
+    return end, offsets, view[at:end]
+
+
+def decode_records(body: bytes) -> list[tuple[dict[str, str], bytes]]:
+    """The (headers, body) of each message of a block (offsets, timestamps and message ids are
+    ignored: what a writer sends). Raises `BlockFormatError` for anything that does not fit."""
+    view = memoryview(body)
+    if len(view) < HEADER_BYTES or bytes(view[:4]) != BLOCK_MAGIC:
+        raise BlockFormatError("not a records block (wrong magic)")
+    count = int.from_bytes(view[4:8], "little")
+    entries = int.from_bytes(view[8:12], "little")
+    at = HEADER_BYTES + 16 * count  # offsets and timestamps: unused here
+    if at > len(view):
+        raise BlockFormatError("block cut short in its offsets")
+    at, _, _ = _column(view, at, count, "message ids")
+    at, entry_offsets = _offsets(view, at, count + 1, "i", "header offsets")
+    if (
+        entry_offsets[0] != 0
+        or entry_offsets[-1] != entries
+        or any(a > b for a, b in pairwise(entry_offsets))
+    ):
+        raise BlockFormatError("block's header offsets do not ascend from 0 to its entries")
+    at, key_offsets, keys = _column(view, at, entries, "header keys")
+    at, value_offsets, values = _column(view, at, entries, "header values")
+    at, body_offsets, bodies = _column(view, at, count, "bodies")
+    if at != len(view):
+        raise BlockFormatError("block has bytes past its last column")
+    try:
+        names = [str(keys[a:b], "utf-8") for a, b in pairwise(key_offsets)]
+        texts = [str(values[a:b], "utf-8") for a, b in pairwise(value_offsets)]
+    except UnicodeDecodeError:
+        raise BlockFormatError("block has a header that is not UTF-8") from None
+    out = []
+    for i in range(count):
+        first, last = entry_offsets[i], entry_offsets[i + 1]
+        headers = dict(zip(names[first:last], texts[first:last], strict=True))
+        out.append((headers, bytes(bodies[body_offsets[i] : body_offsets[i + 1]])))
+    return out
