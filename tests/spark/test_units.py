@@ -167,23 +167,26 @@ def test_expired_last_message_ends_the_range(spark_broker: RunningBroker) -> Non
 # -- sending a task's rows off Spark -----------------------------------------------------------
 
 
+@pytest.mark.parametrize("send", ["blocks", "frames"])
 def test_a_transaction_beyond_the_dedup_window_delivers_nothing(
-    spark_broker: RunningBroker,
+    spark_broker: RunningBroker, send: str
 ) -> None:
-    a, b = "/queue/units.window.a", "/queue/units.window.b"
-    options = sink_options({"broker": spark_broker.address, "destination": a, "dedupWindow": "5"})
+    a, b = f"/queue/units.window.a.{send}", f"/queue/units.window.b.{send}"
+    options = sink_options(
+        {"broker": spark_broker.address, "destination": a, "dedupWindow": "5", "send": send}
+    )
 
     def rows(to_a: int, to_b: int) -> list[tuple[str | None, None, bytes]]:
         return [(None, None, b"a%d" % i) for i in range(to_a)] + [
             (b, None, b"b%d" % i) for i in range(to_b)
         ]
 
-    refused = r"limit dedupWindow=5 exceeded.*units\.window\.a"
+    refused = r"limit dedupWindow=5 exceeded.*units\.window\.a\."
     with pytest.raises(DedupWindowExceeded, match=refused):
-        send_transaction(options, rows(6, 0), "units-window:")
+        send_transaction(options, rows(6, 0), f"units-window-{send}:")
     assert drain_queue(spark_broker.address, a, 0, quiet_s=0.5) == []
     # Nothing was committed, so no id is known: the same ids go through, 5 per destination.
-    result = send_transaction(options, rows(5, 5), "units-window:")
+    result = send_transaction(options, rows(5, 5), f"units-window-{send}:")
     assert result.rows == 10
     assert dict(result.per_destination) == {a: 5, b: 5}
     assert sorted(f.body for f in drain_queue(spark_broker.address, a, 5, quiet_s=0.5)) == [
@@ -191,7 +194,7 @@ def test_a_transaction_beyond_the_dedup_window_delivers_nothing(
     ]
     assert len(drain_queue(spark_broker.address, b, 5, quiet_s=0.5)) == 5
     # Sent again with the same ids (a retried task): the broker drops every one.
-    send_transaction(options, rows(5, 5), "units-window:")
+    send_transaction(options, rows(5, 5), f"units-window-{send}:")
     assert drain_queue(spark_broker.address, a, 0, quiet_s=0.5) == []
     assert drain_queue(spark_broker.address, b, 0, quiet_s=0.5) == []
     with pytest.raises(OptionError, match="dedupWindow"):
