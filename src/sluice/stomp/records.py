@@ -37,7 +37,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Sequence
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from typing import Any, Protocol
 
 __all__ = [
@@ -80,67 +80,58 @@ def encode_block(messages: Sequence[BlockRecord]) -> list[bytes]:
     count = len(messages)
     seqs = array("q", bytes(8 * count))
     stamps = array("q", bytes(8 * count))
-    id_offsets = array("i", [0])
     id_parts: list[bytes] = []
-    id_total = 0
     entry_offsets = array("i", [0])
     entries = 0
-    key_offsets = array("i", [0])
-    key_parts: list[bytes] = []
-    key_total = 0
-    value_offsets = array("i", [0])
-    value_parts: list[bytes] = []
-    value_total = 0
-    body_offsets = array("i", [0])
-    body_parts: list[bytes] = []
-    body_total = 0
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    bodies: list[bytes] = []
+    # Bound once: this loop runs per message on the broker's event loop.
+    add_key, add_value, add_id, add_body = (
+        keys.append,
+        values.append,
+        id_parts.append,
+        bodies.append,
+    )
     for i, message in enumerate(messages):
         seqs[i] = message.seq
         stamps[i] = message.timestamp_ms
-        mid = message.message_id.encode()
-        id_total += len(mid)
-        id_parts.append(mid)
-        id_offsets.append(id_total)
-        headers = message.headers
-        if message.expires_ms or message.priority != _DEFAULT_PRIORITY or message.persistent:
-            extra: dict[str, str] = {}
-            if message.expires_ms:
-                extra["expires"] = str(message.expires_ms)
-            if message.priority != _DEFAULT_PRIORITY:
-                extra["priority"] = str(message.priority)
-            if message.persistent:
-                extra["persistent"] = "true"
-            headers = {**extra, **headers} if headers else extra
-        for key, value in headers.items():
-            k = key.encode()
-            v = value.encode()
-            key_total += len(k)
-            value_total += len(v)
-            key_parts.append(k)
-            value_parts.append(v)
-            key_offsets.append(key_total)
-            value_offsets.append(value_total)
-        entries += len(headers)
+        add_id(message.message_id.encode())
+        if message.expires_ms:
+            add_key(b"expires")
+            add_value(b"%d" % message.expires_ms)
+        if message.priority != _DEFAULT_PRIORITY:
+            add_key(b"priority")
+            add_value(b"%d" % message.priority)
+        if message.persistent:
+            add_key(b"persistent")
+            add_value(b"true")
+        for key, value in message.headers.items():
+            add_key(key.encode())
+            add_value(value.encode())
+        entries = len(keys)
         entry_offsets.append(entries)
-        body = message.body
-        body_total += len(body)
-        body_parts.append(body)
-        body_offsets.append(body_total)
+        add_body(message.body)
     head = BLOCK_MAGIC + count.to_bytes(4, "little") + entries.to_bytes(4, "little")
     return [
         head,
         _little(seqs),
         _little(stamps),
-        _little(id_offsets),
+        _little(_running_total(id_parts)),
         *id_parts,
         _little(entry_offsets),
-        _little(key_offsets),
-        *key_parts,
-        _little(value_offsets),
-        *value_parts,
-        _little(body_offsets),
-        *body_parts,
+        _little(_running_total(keys)),
+        *keys,
+        _little(_running_total(values)),
+        *values,
+        _little(_running_total(bodies)),
+        *bodies,
     ]
+
+
+def _running_total(parts: list[bytes]) -> array[int]:
+    """`len(parts) + 1` int32 offsets: 0, then the running total of the parts' lengths."""
+    return array("i", [0, *accumulate(map(len, parts))])
 
 
 class BlockFormatError(ValueError):
