@@ -393,3 +393,31 @@ def test_a_malformed_block_is_an_error_not_a_row() -> None:
     backwards = good[:body_offsets_at] + (9).to_bytes(4, "little") + good[body_offsets_at + 4 :]
     with pytest.raises(BlockError):
         decode_block(backwards, "/topic/b")
+
+
+def test_the_broker_names_its_block_features(spark_broker: RunningBroker) -> None:
+    with WireSession.open(spark_broker.address) as session:
+        assert session.server.startswith("sluice/")
+        assert session.has_feature("range-reads")
+        assert session.has_feature("records-blocks")
+        assert not session.has_feature("sluice/")
+
+
+def test_a_broker_without_blocks_gets_frames(
+    spark_broker: RunningBroker,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An older broker would store a records block as one message: the connector looks at the
+    features CONNECTED names and reads and writes frame by frame without them."""
+    monkeypatch.setattr(WireSession, "has_feature", lambda self, feature: False)
+    queue, topic = "/queue/units.old-broker", "/topic/units.old-broker"
+    with caplog.at_level(logging.INFO, logger="sluice.spark"):
+        for destination in (queue, topic):
+            options = sink_options({"broker": spark_broker.address, "destination": destination})
+            send_transaction(options, [(None, None, b"a"), (None, None, b"b")], "old:")
+        assert offsets_read(spark_broker, topic, 1, 3) == [1, 2]
+    assert "has no records blocks: one SEND per row" in caplog.text
+    assert "has no range reads: reading frame by frame" in caplog.text
+    bodies = [f.body for f in drain_queue(spark_broker.address, queue, 2, quiet_s=0.5)]
+    assert sorted(bodies) == [b"a", b"b"]

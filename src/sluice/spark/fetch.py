@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.spark.blocks import DataLossError, RangeReadsUnsupported, read_blocks
+from sluice.spark.blocks import DataLossError, read_blocks
 from sluice.spark.offsets import (
     NEXT_OFFSET_HEADER,
     OffsetRange,
@@ -41,6 +41,7 @@ from sluice.spark.options import FETCH_BLOCKS, SCHEMA_KAFKA, SourceOptions
 from sluice.spark.schema import TOPIC_ARROW_SCHEMA, kafka_batch, timestamps_from_text
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
+from sluice.stomp.records import RANGE_READS_FEATURE
 
 __all__ = ["BATCH_ROWS", "DataLossError", "read_range"]
 
@@ -78,14 +79,12 @@ def read_range(
     columns with option `schema=kafka`)."""
     if not len(offsets):
         return
-    if options.fetch == FETCH_BLOCKS:
-        with open_session(options) as session:
-            try:
-                yield from _kafka(options, offsets, read_blocks(session, options, offsets))
-                return
-            except RangeReadsUnsupported:
-                logger.info("%s: the broker has no range reads; reading frame by frame", offsets)
     with open_session(options) as session:
+        if options.fetch == FETCH_BLOCKS and session.has_feature(RANGE_READS_FEATURE):
+            yield from _kafka(options, offsets, read_blocks(session, options, offsets))
+            return
+        if options.fetch == FETCH_BLOCKS:
+            logger.info("%s has no range reads: reading frame by frame", session.label)
         batches = _RangeReader(session, options, offsets, batch_rows).batches()
         yield from _kafka(options, offsets, batches)
 

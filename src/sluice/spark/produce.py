@@ -32,7 +32,7 @@ from sluice.errors import LimitExceeded
 from sluice.spark.options import SEND_BLOCKS, OptionError, SinkOptions
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
-from sluice.stomp.records import encode_block
+from sluice.stomp.records import RECORDS_BLOCKS_FEATURE, encode_block
 
 # What one records block holds at most (the broker's max frame size bounds it too).
 BLOCK_ROWS = 4096
@@ -124,7 +124,13 @@ def send_transaction(options: SinkOptions, rows: Iterable[OutgoingRow], prefix: 
     ) as session:
         tx = f"spark-{secrets.token_hex(6)}"
         session.send(Command.BEGIN, {"transaction": tx})
-        blocks = _Blocks(session, tx, persistent) if options.send == SEND_BLOCKS else None
+        blocks = None
+        if options.send == SEND_BLOCKS:
+            if session.has_feature(RECORDS_BLOCKS_FEATURE):
+                blocks = _Blocks(session, tx, persistent)
+            else:
+                # An older broker would store a block as one message: send row by row.
+                logger.info("%s has no records blocks: one SEND per row", session.label)
         index = 0
         row: OutgoingRow | None = first
         while row is not None:

@@ -41,8 +41,11 @@ from itertools import accumulate, pairwise
 from typing import Any, Protocol
 
 __all__ = [
+    "BLOCK_FEATURES",
     "BLOCK_MAGIC",
     "HEADER_BYTES",
+    "RANGE_READS_FEATURE",
+    "RECORDS_BLOCKS_FEATURE",
     "BlockFormatError",
     "BlockRecord",
     "decode_records",
@@ -50,6 +53,12 @@ __all__ = [
 ]
 
 BLOCK_MAGIC = b"SLR1"
+# A broker that has range reads and records blocks says so in CONNECTED's `server` header, as a
+# comment after its name and version (STOMP's `name/version (comment)`): a writer must not send
+# a records block to a broker that would store it as one message.
+RANGE_READS_FEATURE = "range-reads"
+RECORDS_BLOCKS_FEATURE = "records-blocks"
+BLOCK_FEATURES = f"({RANGE_READS_FEATURE} {RECORDS_BLOCKS_FEATURE})"
 HEADER_BYTES = 12
 _DEFAULT_PRIORITY = 4
 _SWAP = sys.byteorder != "little"
