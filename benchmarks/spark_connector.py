@@ -49,6 +49,8 @@ from sluice.spark.options import sink_options
 from sluice.spark.produce import send_transaction
 from sluice.spark.schema import TOPIC_ARROW_SCHEMA
 from sluice.spark.source import topic_schema
+from sluice.spark.wire import WireSession
+from sluice.stomp.frames import Command
 
 BODY = bytes(range(256)) * 4  # 1 KiB
 TOPIC = "/topic/bench.spark"
@@ -94,8 +96,29 @@ class Broker:
         self.proc.wait(60)
 
 
+def publish_plain(address: str, destination: str, rows: int) -> float:
+    """Send `rows` persistent messages of `BODY` one by one, as producers do (pipelined, one
+    receipt at the end); return rows per second."""
+    start = time.perf_counter()
+    with WireSession.open(address) as session:
+        for i in range(rows):
+            session.send(
+                Command.SEND,
+                {"destination": destination, "persistent": "true", "n": str(i)},
+                BODY,
+            )
+        session.request(Command.SEND, {"destination": "/queue/bench.flush"})
+    return rows / (time.perf_counter() - start)
+
+
+def cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def publish(address: str, destination: str, rows: int) -> float:
-    """Send `rows` 1 KiB persistent messages in transactions; return rows per second."""
+    """Send `rows` persistent messages of `BODY` in transactions; return rows per second."""
     options = sink_options(
         {"broker": address, "destination": destination, "dedupWindow": str(_TX_ROWS)}
     )
@@ -234,19 +257,24 @@ def print_setup(spark: Any) -> None:
     print(f"started: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}")
 
 
-def bench_source_and_sink(spark: Any, rows: int, work: Path) -> None:
+def bench_source_and_sink(spark: Any, rows: int, work: Path, store: str) -> None:
     window = max(rows, _TX_ROWS)
     config = (
-        "[store]\nkind = 'memory'\n[policy]\nretention_s = 86400.0\n"
+        f"[store]\nkind = '{store}'\ndata_dir = '{work / 'broker-data'}'\n"
+        "[http]\nenabled = false\n[policy]\nretention_s = 86400.0\n"
         "[limits]\ndestination_memory_limit_bytes = 4294967296\n"
         f"memory_limit_bytes = 8589934592\ndedup_window = {window}\n"
     )
     broker = Broker(config, work)
+    pid = broker.proc.pid
     try:
-        publish_rate = publish(broker.address, TOPIC, rows)
-        print(f"publish (1 KiB, transactions of {_TX_ROWS}): {publish_rate:,.0f} rows/s")
+        publish_rate = publish_plain(broker.address, TOPIC, rows)
+        print(
+            f"publish ({len(BODY)} B bodies, persistent, one by one, {store} store): "
+            f"{publish_rate:,.0f} rows/s"
+        )
 
-        def sluice_reader(stream: bool) -> Any:
+        def sluice_reader(stream: bool, fetch: str) -> Any:
             reader = spark.readStream if stream else spark.read
             return (
                 reader.format("sluice")
@@ -254,6 +282,7 @@ def bench_source_and_sink(spark: Any, rows: int, work: Path) -> None:
                 .option("topic", TOPIC)
                 .option("startingOffsets", "earliest")
                 .option("minPartitions", "2")
+                .option("fetch", fetch)
             )
 
         def trivial(arrow: bool) -> Any:
@@ -264,27 +293,44 @@ def bench_source_and_sink(spark: Any, rows: int, work: Path) -> None:
             )
 
         # Interleaved, best of three each: the machine's other load hits all alike.
-        rates: dict[str, float] = {"tuples": 0.0, "arrow": 0.0, "sluice": 0.0}
+        names = ("tuples", "arrow", "blocks", "frames")
+        rates = dict.fromkeys(names, 0.0)
+        broker_cpu = {"blocks": 0.0, "frames": 0.0}
         for _ in range(3):
             for name, reader in (
                 ("tuples", trivial(False)),
                 ("arrow", trivial(True)),
-                ("sluice", sluice_reader(True)),
+                ("blocks", sluice_reader(True, "blocks")),
+                ("frames", sluice_reader(True, "frames")),
             ):
+                before = cpu_s(pid)
                 rates[name] = max(rates[name], stream_rate(spark, reader, rows, work))
+                if name in broker_cpu:
+                    broker_cpu[name] += cpu_s(pid) - before
+        runs = 3 * 2  # stream_rate runs each twice
         print(f"stream, trivial source (tuples) -> noop: {rates['tuples']:,.0f} rows/s")
         print(f"stream, trivial source (Arrow)  -> noop: {rates['arrow']:,.0f} rows/s")
-        print(
-            f"stream, sluice source -> noop:            {rates['sluice']:,.0f} rows/s "
-            f"({rates['sluice'] / rates['tuples']:.0%} of the trivial source with tuples, "
-            f"{rates['sluice'] / rates['arrow']:.0%} of it with Arrow)"
-        )
-        sluice_batch = batch_rate(lambda: sluice_reader(False).load(), rows)
-        print(f"batch,  sluice source -> noop:            {sluice_batch:,.0f} rows/s")
+        for fetch in ("blocks", "frames"):
+            us = broker_cpu[fetch] / (runs * rows) * 1e6
+            print(
+                f"stream, sluice source fetch={fetch} -> noop: {rates[fetch]:,.0f} rows/s "
+                f"({rates[fetch] / rates['tuples']:.0%} of the trivial source with tuples, "
+                f"{rates[fetch] / rates['arrow']:.0%} of it with Arrow); "
+                f"broker CPU {us:.1f} us/message"
+            )
+        for fetch in ("blocks", "frames"):
+            before = cpu_s(pid)
+            rate = batch_rate(lambda f=fetch: sluice_reader(False, f).load(), rows)
+            us = (cpu_s(pid) - before) / (2 * rows) * 1e6
+            print(
+                f"batch,  sluice source fetch={fetch} -> noop: {rate:,.0f} rows/s; "
+                f"broker CPU {us:.1f} us/message"
+            )
 
         df = spark.range(rows, numPartitions=2).select(sf.lit(BODY).alias("body")).cache()
         df.count()
         sink_rates = []
+        before = cpu_s(pid)
         for attempt in range(2):
             start = time.perf_counter()
             (
@@ -296,7 +342,11 @@ def bench_source_and_sink(spark: Any, rows: int, work: Path) -> None:
                 .save()
             )
             sink_rates.append(rows / (time.perf_counter() - start))
-        print(f"sink (2 partitions, persistent, memory store): {max(sink_rates):,.0f} rows/s")
+        us = (cpu_s(pid) - before) / (2 * rows) * 1e6
+        print(
+            f"sink (2 partitions, persistent, {store} store): {max(sink_rates):,.0f} rows/s; "
+            f"broker CPU {us:.1f} us/row"
+        )
     finally:
         broker.stop()
 
@@ -331,6 +381,8 @@ def bench_journal(spark: Any, gib: float, work: Path, data: Path | None) -> None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000, help="rows for source and sink")
+    parser.add_argument("--body", type=int, default=1024, help="body bytes for source and sink")
+    parser.add_argument("--store", choices=("memory", "journal"), default="journal")
     parser.add_argument("--journal-gib", type=float, default=1.0, help="journal size to read")
     parser.add_argument("--skip-journal", action="store_true")
     parser.add_argument("--skip-source", action="store_true", help="measure the journal only")
@@ -338,12 +390,14 @@ def main() -> None:
         "--journal-dir", type=Path, help="data directory to read (written first if it is empty)"
     )
     args = parser.parse_args()
+    global BODY  # one size per run, read by the helpers and the trivial source
+    BODY = (bytes(range(256)) * (args.body // 256 + 1))[: args.body]
     work = Path(tempfile.mkdtemp(prefix="sluice-spark-bench-"))
     spark = spark_session()
     print_setup(spark)
     try:
         if not args.skip_source:
-            bench_source_and_sink(spark, args.rows, work)
+            bench_source_and_sink(spark, args.rows, work, args.store)
         if not args.skip_journal:
             bench_journal(spark, args.journal_gib, work, args.journal_dir)
     finally:

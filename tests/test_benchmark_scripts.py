@@ -4,6 +4,7 @@ it changed would only be found by the next person measuring.)"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -54,6 +55,14 @@ SCRIPTS = [
         ],
         "broker CPU median",
         id="metrics_cost",
+    ),
+    pytest.param(
+        ["range_read_cost.py", "--rows", "2000"],
+        "us/message",
+        id="range_read_cost",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("pyspark") is None, reason="needs the spark extra"
+        ),
     ),
     pytest.param(["machine.py"], "fsync", id="machine", marks=pytest.mark.slow),  # writes 1 GiB
     pytest.param(

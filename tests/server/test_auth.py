@@ -283,14 +283,20 @@ def test_send_without_write_is_refused(secured: RunningBroker) -> None:
     assert secured.stats()["closed_access_denied"] == 1
 
 
-def test_subscribe_without_read_is_refused_plain_durable_and_at_an_offset(
+def test_subscribe_without_read_is_refused_plain_durable_at_an_offset_and_as_a_range(
     secured: RunningBroker,
 ) -> None:
-    for extra in ("", "activemq.subscriptionName:d1\n", "x-offset:earliest\n"):
+    extras = (
+        "",
+        "activemq.subscriptionName:d1\n",
+        "x-offset:earliest\n",
+        "x-offset:1\nx-range-end:9\n",  # a range read (the Spark source's blocks)
+    )
+    for extra in extras:
         raw = _connected(secured, "bob", "client-id:c1\n")
         raw.send(f"SUBSCRIBE\nid:1\ndestination:/topic/prices.secret\n{extra}\n\0".encode())
         _denied(raw, "read", "/topic/prices.secret")
-    assert secured.stats()["access_denied_read"] == 3
+    assert secured.stats()["access_denied_read"] == 4
 
 
 def test_a_wildcard_subscription_reaching_a_forbidden_topic_is_refused(

@@ -45,7 +45,9 @@ class FlakyWriter(SluiceBatchWriter):
     """The sluice batch writer; attempt 0 of partition 0 fails (see the module docstring)."""
 
     def __init__(self, options: dict[str, str], schema: Any) -> None:
-        super().__init__(sink_options(options), schema)
+        # `failure` and `markers` are this test sink's own options: the sluice sink refuses them.
+        own = ("failure", "markers")
+        super().__init__(sink_options({k: v for k, v in options.items() if k not in own}), schema)
         self.failure = options["failure"]
         self.markers = options["markers"]
 

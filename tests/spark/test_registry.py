@@ -176,3 +176,22 @@ def test_an_error_of_the_registration_itself_is_raised_not_retried(
         sluice.spark.register_data_source(session, _ParquetSource)
     assert session.registered == []
     assert "public API" not in caplog.text
+
+
+def test_found_without_register(spark: Any, spark_broker: RunningBroker) -> None:
+    """A session nobody called `register` on finds both sources through Spark's discovery of
+    `pyspark_*` modules (`pyspark_sluice`, `pyspark_sluice_journal`)."""
+    import pyspark_sluice  # noqa: PLC0415
+    import pyspark_sluice_journal  # noqa: PLC0415
+
+    assert pyspark_sluice.DefaultSource is SluiceDataSource
+    assert pyspark_sluice_journal.DefaultSource.name() == "sluice-journal"
+    topic = "/topic/registry.discovered"
+    publish(spark_broker, topic, [b"d%d" % i for i in range(7)])
+    fresh = spark.newSession()  # its own data source registry, nothing registered at runtime
+    # Not the registration of `register` (which gives a ConcurrentHashMap): the discovered one.
+    discovered_env = environment(fresh, "sluice").getClass().getName()
+    assert discovered_env != "java.util.concurrent.ConcurrentHashMap"
+    df = fresh.read.format("sluice").option("broker", spark_broker.address).option("topic", topic)
+    assert sorted(r.body for r in df.load().collect()) == [b"d%d" % i for i in range(7)]
+    assert "record_type" in fresh.read.format("sluice-journal").load("/nonexistent").columns

@@ -13,6 +13,8 @@ pytest.importorskip("pyarrow", reason="needs the spark extra")
 
 from conftest import RunningBroker
 from sluice.errors import ClientError, CorruptionError
+from sluice.spark import blocks
+from sluice.spark.blocks import BlockError, decode_block
 from sluice.spark.fetch import DataLossError, read_range
 from sluice.spark.journal import JournalFile, journal_files, read_journal_file
 from sluice.spark.offsets import NEXT_OFFSET_HEADER, OffsetRange, fetch_offsets, split_range
@@ -20,6 +22,7 @@ from sluice.spark.options import OptionError, journal_options, sink_options, sou
 from sluice.spark.produce import DedupWindowExceeded, send_transaction
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
+from sluice.stomp.records import encode_block
 from sluice.store.api import StoredMessage
 from sluice.store.journal import format as fmt
 
@@ -93,32 +96,55 @@ def offsets_read(
     return [offset for batch in batches for offset in batch.column("offset").to_pylist()]
 
 
-def test_read_range_is_exact_and_batched(spark_broker: RunningBroker) -> None:
-    topic = "/topic/units.exact"
+# Both ways of reading: range blocks (the default) and one frame per message.
+FETCH_MODES = pytest.mark.parametrize("fetch", ["blocks", "frames"])
+
+
+@FETCH_MODES
+def test_read_range_is_exact_and_batched(spark_broker: RunningBroker, fetch: str) -> None:
+    topic = f"/topic/units.exact.{fetch}"
     send(spark_broker, topic, 50)
     assert fetch_offsets(spark_broker.address, topic) == (1, 50)
-    assert offsets_read(spark_broker, topic, 11, 31) == list(range(11, 31))
-    assert offsets_read(spark_broker, topic, 1, 51, prefetch="4") == list(range(1, 51))
+    assert offsets_read(spark_broker, topic, 11, 31, fetch=fetch) == list(range(11, 31))
+    assert offsets_read(spark_broker, topic, 1, 51, prefetch="4", fetch=fetch) == list(range(1, 51))
 
 
-def test_expired_messages_are_holes_not_loss(spark_broker: RunningBroker) -> None:
-    topic = "/topic/units.expired"
-    send(spark_broker, topic, 12, expired=frozenset({2, 3, 8}))
-    assert offsets_read(spark_broker, topic, 1, 13) == [1, 2, 5, 6, 7, 8, 10, 11, 12]
-
-
-def test_a_range_past_the_topic_end_is_loss(
-    spark_broker: RunningBroker, caplog: pytest.LogCaptureFixture
+def test_range_blocks_split_a_range_exactly(
+    spark_broker: RunningBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    topic = "/topic/units.short"
+    topic = "/topic/units.blocks"
+    send(spark_broker, topic, 30)
+    monkeypatch.setattr(blocks, "BLOCK_COUNT", 4)
+    opts = source_options({"broker": spark_broker.address, "topic": topic}, streaming=False)
+    batches = list(read_range(opts, OffsetRange(topic, 3, 27)))
+    assert [b.num_rows for b in batches] == [4, 4, 4, 4, 4, 4]
+    rows = [row for b in batches for row in b.to_pylist()]
+    assert [r["offset"] for r in rows] == list(range(3, 27))
+    assert rows[0]["body"] == b"m2"
+    assert rows[0]["destination"] == topic
+    assert rows[0]["message_id"]
+    assert dict(rows[0]["headers"]) == {"persistent": "true", "i": "2"}
+
+
+@FETCH_MODES
+def test_expired_messages_are_holes_not_loss(spark_broker: RunningBroker, fetch: str) -> None:
+    topic = f"/topic/units.expired.{fetch}"
+    send(spark_broker, topic, 12, expired=frozenset({2, 3, 8}))
+    assert offsets_read(spark_broker, topic, 1, 13, fetch=fetch) == [1, 2, 5, 6, 7, 8, 10, 11, 12]
+
+
+@FETCH_MODES
+def test_a_range_past_the_topic_end_is_loss(
+    spark_broker: RunningBroker, caplog: pytest.LogCaptureFixture, fetch: str
+) -> None:
+    topic = f"/topic/units.short.{fetch}"
     send(spark_broker, topic, 5)
     with pytest.raises(DataLossError, match="offsets 6 to 9"):
-        offsets_read(spark_broker, topic, 1, 10)
+        offsets_read(spark_broker, topic, 1, 10, fetch=fetch)
     with caplog.at_level(logging.WARNING, logger="sluice.spark.fetch"):
-        assert offsets_read(spark_broker, topic, 1, 10, failOnDataLoss="false") == [1, 2, 3, 4, 5]
-    assert "offsets 6 to 9 of /topic/units.short are lost: the topic's last offset is 5" in (
-        caplog.text
-    )
+        read = offsets_read(spark_broker, topic, 1, 10, failOnDataLoss="false", fetch=fetch)
+        assert read == [1, 2, 3, 4, 5]
+    assert f"offsets 6 to 9 of {topic} are lost: the topic's last offset is 5" in caplog.text
     assert "skipped, as failOnDataLoss=false" in caplog.text
 
 
@@ -135,29 +161,33 @@ def test_expired_last_message_ends_the_range(spark_broker: RunningBroker) -> Non
     send(spark_broker, topic, 6, expired=frozenset({5}))
     started = time.monotonic()
     assert offsets_read(spark_broker, topic, 1, 7, timeoutMs="20000") == [1, 2, 3, 4, 5]
+    assert offsets_read(spark_broker, topic, 1, 7, fetch="frames") == [1, 2, 3, 4, 5]
     assert time.monotonic() - started < 10
 
 
 # -- sending a task's rows off Spark -----------------------------------------------------------
 
 
+@pytest.mark.parametrize("send", ["blocks", "frames"])
 def test_a_transaction_beyond_the_dedup_window_delivers_nothing(
-    spark_broker: RunningBroker,
+    spark_broker: RunningBroker, send: str
 ) -> None:
-    a, b = "/queue/units.window.a", "/queue/units.window.b"
-    options = sink_options({"broker": spark_broker.address, "destination": a, "dedupWindow": "5"})
+    a, b = f"/queue/units.window.a.{send}", f"/queue/units.window.b.{send}"
+    options = sink_options(
+        {"broker": spark_broker.address, "destination": a, "dedupWindow": "5", "send": send}
+    )
 
     def rows(to_a: int, to_b: int) -> list[tuple[str | None, None, bytes]]:
         return [(None, None, b"a%d" % i) for i in range(to_a)] + [
             (b, None, b"b%d" % i) for i in range(to_b)
         ]
 
-    refused = r"limit dedupWindow=5 exceeded.*units\.window\.a"
+    refused = r"limit dedupWindow=5 exceeded.*units\.window\.a\."
     with pytest.raises(DedupWindowExceeded, match=refused):
-        send_transaction(options, rows(6, 0), "units-window:")
+        send_transaction(options, rows(6, 0), f"units-window-{send}:")
     assert drain_queue(spark_broker.address, a, 0, quiet_s=0.5) == []
     # Nothing was committed, so no id is known: the same ids go through, 5 per destination.
-    result = send_transaction(options, rows(5, 5), "units-window:")
+    result = send_transaction(options, rows(5, 5), f"units-window-{send}:")
     assert result.rows == 10
     assert dict(result.per_destination) == {a: 5, b: 5}
     assert sorted(f.body for f in drain_queue(spark_broker.address, a, 5, quiet_s=0.5)) == [
@@ -165,7 +195,7 @@ def test_a_transaction_beyond_the_dedup_window_delivers_nothing(
     ]
     assert len(drain_queue(spark_broker.address, b, 5, quiet_s=0.5)) == 5
     # Sent again with the same ids (a retried task): the broker drops every one.
-    send_transaction(options, rows(5, 5), "units-window:")
+    send_transaction(options, rows(5, 5), f"units-window-{send}:")
     assert drain_queue(spark_broker.address, a, 0, quiet_s=0.5) == []
     assert drain_queue(spark_broker.address, b, 0, quiet_s=0.5) == []
     with pytest.raises(OptionError, match="dedupWindow"):
@@ -343,3 +373,77 @@ def test_one_broker_is_tried_once_and_several_until_the_timeout(
     assert time.monotonic() - started >= 0.8
     with WireSession.open(f"{closed},{spark_broker.address}", timeout_s=5) as session:
         assert session.label == spark_broker.address
+
+
+# -- range blocks --------------------------------------------------------------------------------
+
+
+def _block(messages: list[StoredMessage]) -> bytes:
+    return b"".join(encode_block(messages))
+
+
+def test_a_block_round_trips_every_column() -> None:
+    messages = [
+        StoredMessage("/topic/b", 7, "ID:1", 1_700_000_000_123, {"k": "v:1\n", "é": "ü"}, b"\x00x"),
+        StoredMessage(
+            "/topic/b", 9, "ID:2", 5, {}, b"", persistent=False, priority=9, expires_ms=8
+        ),
+    ]
+    batch, count = decode_block(_block(messages), "/topic/b")
+    assert count == 2
+    rows = batch.to_pylist()
+    assert [r["offset"] for r in rows] == [7, 9]
+    assert [r["message_id"] for r in rows] == ["ID:1", "ID:2"]
+    assert rows[0]["timestamp"].timestamp() == 1_700_000_000.123
+    assert dict(rows[0]["headers"]) == {"persistent": "true", "k": "v:1\n", "é": "ü"}
+    assert dict(rows[1]["headers"]) == {"expires": "8", "priority": "9"}
+    assert [r["body"] for r in rows] == [b"\0x", b""]
+    assert decode_block(_block([]), "/topic/b")[1] == 0
+
+
+def test_a_malformed_block_is_an_error_not_a_row() -> None:
+    good = _block([StoredMessage("/topic/b", 1, "ID:1", 5, {"a": "b"}, b"body")])
+    with pytest.raises(BlockError, match="wrong magic"):
+        decode_block(b"XXXX" + good[4:], "/topic/b")
+    for cut in (3, 12, 20, len(good) - 1):
+        with pytest.raises(BlockError):
+            decode_block(good[:cut], "/topic/b")
+    with pytest.raises(BlockError, match="past its last column"):
+        decode_block(good + b"!", "/topic/b")
+    # A count far beyond the body: refused before anything is sliced or allocated.
+    huge = good[:4] + (1 << 30).to_bytes(4, "little") + good[8:]
+    with pytest.raises(BlockError, match="cut short"):
+        decode_block(huge, "/topic/b")
+    # Offsets that run backwards inside the bounds: caught by validation.
+    body_offsets_at = good.rindex(b"body") - 8
+    backwards = good[:body_offsets_at] + (9).to_bytes(4, "little") + good[body_offsets_at + 4 :]
+    with pytest.raises(BlockError):
+        decode_block(backwards, "/topic/b")
+
+
+def test_the_broker_names_its_block_features(spark_broker: RunningBroker) -> None:
+    with WireSession.open(spark_broker.address) as session:
+        assert session.server.startswith("sluice/")
+        assert session.has_feature("range-reads")
+        assert session.has_feature("records-blocks")
+        assert not session.has_feature("sluice/")
+
+
+def test_a_broker_without_blocks_gets_frames(
+    spark_broker: RunningBroker,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An older broker would store a records block as one message: the connector looks at the
+    features CONNECTED names and reads and writes frame by frame without them."""
+    monkeypatch.setattr(WireSession, "has_feature", lambda self, feature: False)
+    queue, topic = "/queue/units.old-broker", "/topic/units.old-broker"
+    with caplog.at_level(logging.INFO, logger="sluice.spark"):
+        for destination in (queue, topic):
+            options = sink_options({"broker": spark_broker.address, "destination": destination})
+            send_transaction(options, [(None, None, b"a"), (None, None, b"b")], "old:")
+        assert offsets_read(spark_broker, topic, 1, 3) == [1, 2]
+    assert "has no records blocks: one SEND per row" in caplog.text
+    assert "has no range reads: reading frame by frame" in caplog.text
+    bodies = [f.body for f in drain_queue(spark_broker.address, queue, 2, quiet_s=0.5)]
+    assert sorted(bodies) == [b"a", b"b"]

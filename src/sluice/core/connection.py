@@ -132,6 +132,11 @@ class BrokerConnection:
 
     # -- producing ------------------------------------------------------------------------------
 
+    def destination(self, name: str) -> Destination:
+        """The destination `name`, created on first use (checked and counted as a SUBSCRIBE's
+        or SEND's would be)."""
+        return self._destination(name)
+
     def _destination(self, name: str) -> Destination:
         existing = self.broker.destinations.get(name)
         if existing is not None:

@@ -23,7 +23,7 @@ from sluice.core.usage import Usage
 from sluice.errors import RequestError
 
 if TYPE_CHECKING:
-    from sluice.store.api import WriteHandle
+    from sluice.store.api import StoredMessage, WriteHandle
 
 # Compact the log list once this many trimmed slots have accumulated at its head.
 _COMPACT_AFTER = 4096
@@ -161,6 +161,86 @@ class TopicLog(Destination):
         """(first, last): the oldest sequence kept and the newest subscribers may see, what a
         reader of the log (the Spark source) may ask for."""
         return self.earliest_seq(), self.visible_seq
+
+    def read_range(
+        self, start: int, end: int, max_count: int, max_bytes: int, now_ms: int
+    ) -> tuple[list[StoredMessage], int]:
+        """The messages a subscriber could see with offsets in `[start, end)`, oldest first: at
+        most `max_count`, and about `max_bytes` of bodies (at least one message); and the offset
+        to continue from. For a reader of the log (a range block): nothing is delivered,
+        acknowledged, trimmed or dead-lettered; withdrawn and expired messages are skipped, as a
+        cursor skips them. Older messages come from the store a page at a time, as a cursor
+        behind the log reads them."""
+        end = min(end, self.visible_seq + 1)
+        out: list[StoredMessage] = []
+        nbytes = 0
+        seq = max(start, 1)
+        log = self._log
+        withdrawn = self._withdrawn
+        while seq < end and len(out) < max_count and nbytes < max_bytes:
+            in_memory = self.depth > 0
+            if seq < self.base_seq or not in_memory:
+                before = min(self.base_seq if in_memory else end, end)
+                taken = False
+                for item in self.store.load(
+                    self.name, seq - 1, max_count - len(out), max_bytes - nbytes
+                ):
+                    if item.seq >= before:
+                        break
+                    seq = item.seq + 1
+                    taken = True
+                    if not 0 < item.expires_ms <= now_ms:
+                        out.append(item)
+                        nbytes += len(item.body)
+                if not taken:
+                    seq = before  # nothing older is kept
+                continue
+            message = log[seq - self.base_seq + self._head]
+            if message.paged_out:
+                seq, nbytes = self._read_paged(
+                    message, seq, end, out, max_count, nbytes, max_bytes, now_ms
+                )
+                continue
+            seq += 1
+            if withdrawn and message.seq in withdrawn:
+                continue
+            if message.expires_ms and message.expired(now_ms):
+                continue
+            out.append(message)
+            nbytes += len(message.body)
+        return out, min(seq, max(end, start))
+
+    def _read_paged(
+        self,
+        stub: Message,
+        seq: int,
+        end: int,
+        out: list[StoredMessage],
+        max_count: int,
+        nbytes: int,
+        max_bytes: int,
+        now_ms: int,
+    ) -> tuple[int, int]:
+        """`read_range` at a committed message whose body is in a store: read it and the stubs
+        that follow it from that store (as `Topic._load_committed`); (next offset, bytes)."""
+        store = self.services.temp_store if stub.spooled else self.store
+        log = self._log
+        offset = self._head - self.base_seq
+        start = seq
+        if store is not None:
+            for item in store.load(self.name, seq - 1, max_count - len(out), max_bytes - nbytes):
+                if item.seq != seq or seq >= end or seq + offset >= len(log):
+                    break
+                entry = log[seq + offset]
+                if not entry.paged_out or entry.spooled != stub.spooled:
+                    break
+                seq += 1
+                if not 0 < item.expires_ms <= now_ms:
+                    out.append(item)
+                    nbytes += len(item.body)
+        if seq == start:
+            seq += 1  # not in the store: its COMMIT failed
+        return seq, nbytes
 
     def resolve_offset(self, spec: str) -> int:
         """The first sequence a reader starting at `spec` gets."""

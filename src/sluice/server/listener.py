@@ -30,6 +30,7 @@ from sluice.server.session import StompSession
 from sluice.server.traced import TracedStompSession
 from sluice.server.websocket import MessageSocket, serve_websocket
 from sluice.stomp.codec import StompLimits
+from sluice.stomp.records import BLOCK_FEATURES
 from sluice.store.api import MessageStore
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class BrokerServer:
                 max_header_bytes=limits.max_header_bytes,
                 max_headers=limits.max_headers,
             ),
-            server_name=f"sluice/{__version__}",
+            server_name=f"sluice/{__version__} {BLOCK_FEATURES}",
             broker_name=config.broker_name,
             sessions=self.sessions,
             guard=self.guard,

@@ -24,6 +24,7 @@ from sluice.server.access import SessionAccess
 from sluice.server.context import CloseReason
 from sluice.server.hops import HopRecorder, ReadStamps, TracedReceiptQueue
 from sluice.server.outbound import Outbound
+from sluice.server.range_reads import is_range_read, range_block
 from sluice.server.receipts import (
     PendingReceipt,
     ReceiptQueue,
@@ -31,6 +32,7 @@ from sluice.server.receipts import (
     not_stored_message,
     receipt_frame,
 )
+from sluice.server.record_writes import RECORDS_HEADER, send_records
 from sluice.server.translate import build_message, parse_subscribe
 from sluice.stomp.encoding import escape_value
 from sluice.stomp.frames import Command, Frame, Version
@@ -121,6 +123,9 @@ class Requests:
     def _on_send(self, frame: Frame, receipt: str | None) -> None:
         if not self._guard.access.open:  # check_use's own first test, without the call
             self.access.check_use(frame.headers["destination"], Permission.WRITE)
+        if RECORDS_HEADER in frame.headers:
+            self._on_records(frame, receipt)
+            return
         broker = self._broker
         message = build_message(frame, broker.new_message_id(), broker.now_ms())
         txid = frame.headers.get("transaction")
@@ -150,7 +155,7 @@ class Requests:
         tracing = self._tracing
         assert tracing is not None
         reads, receipts, recorder = tracing
-        if receipt is None or "transaction" in frame.headers:
+        if receipt is None or "transaction" in frame.headers or RECORDS_HEADER in frame.headers:
             self._on_send(frame, receipt)
             return
         read_ns = reads.frame_ns
@@ -183,6 +188,9 @@ class Requests:
 
     def _on_subscribe(self, frame: Frame, receipt: str | None) -> None:
         core = self._core
+        if is_range_read(frame):
+            self._range_read(frame, receipt)
+            return
         sub_id, destination, mode, options = parse_subscribe(frame)
         self.access.check_use(destination, Permission.READ)
         sub = core.subscribe(sub_id, destination, mode, options)
@@ -198,6 +206,24 @@ class Requests:
                 first, last = topic.offsets()
                 extra = f"x-first-offset:{first}\nx-last-offset:{last}\n"
             self.receipt(receipt, extra)
+
+    def _on_records(self, frame: Frame, receipt: str | None) -> None:
+        """Many messages in one SEND, inside a transaction (`record_writes.py`)."""
+        broker = self._broker
+        send_records(self._core, frame, broker.new_message_id, broker.now_ms(), _ignore)
+        if receipt is not None:
+            self.receipt(receipt)
+
+    def _range_read(self, frame: Frame, receipt: str | None) -> None:
+        """A block of a topic's log in one MESSAGE (`range_reads.py`), then the receipt."""
+        name = frame.headers["destination"]
+        self.access.check_use(name, Permission.READ)
+        topic = self._core.destination(name)
+        if not isinstance(topic, Topic):
+            raise RequestError(f"a range read reads a topic, not {name}")
+        self.outbound.write(range_block(self._broker, topic, frame, self._version))
+        if receipt is not None:
+            self.receipt(receipt)
 
     def _on_unsubscribe(self, frame: Frame, receipt: str | None) -> None:
         core = self._core

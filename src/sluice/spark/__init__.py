@@ -6,7 +6,9 @@
 - `sluice-journal`: `spark.read.format("sluice-journal").load(DIR)` reads the journal and archive
   files of a data directory offline, one row per record.
 
-Call `sluice.spark.register(spark)` once per session. The user guide is `docs/spark.md`.
+Spark 4 finds both by itself (the `pyspark_sluice` and `pyspark_sluice_journal` packages, its
+data source discovery); `sluice.spark.register(spark)` registers them for older setups and for
+sessions that start several queries at once. The user guide is `docs/spark.md`.
 """
 
 from __future__ import annotations

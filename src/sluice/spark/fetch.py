@@ -1,5 +1,8 @@
 """Reading exactly one offset range of a topic: what `read()` of the `sluice` source runs.
 
+By default the range is read in range blocks (`sluice.spark.blocks`, option `fetch=blocks`).
+This module is the frame by frame way (`fetch=frames`, and any broker without range reads):
+
 The task subscribes at the range's first offset (`x-offset`), with `client` (cumulative) acks and
 a credit of `prefetch` messages and `_PREFETCH_BYTES` bytes, so the broker never has more than
 that on its way to a task that Spark keeps busy elsewhere. It acknowledges every half credit and
@@ -27,17 +30,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.errors import SluiceError
+from sluice.spark.blocks import DataLossError, read_blocks
 from sluice.spark.offsets import (
     NEXT_OFFSET_HEADER,
     OffsetRange,
     offsets_from_receipt,
     open_session,
 )
-from sluice.spark.options import SourceOptions
-from sluice.spark.schema import TOPIC_ARROW_SCHEMA, timestamps_from_text
+from sluice.spark.options import FETCH_BLOCKS, SCHEMA_KAFKA, SourceOptions
+from sluice.spark.schema import TOPIC_ARROW_SCHEMA, kafka_batch, timestamps_from_text
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
+from sluice.stomp.records import RANGE_READS_FEATURE
 
 __all__ = ["BATCH_ROWS", "DataLossError", "read_range"]
 
@@ -68,18 +72,31 @@ _NOT_HEADERS = frozenset(
 _HEADERS_TYPE = TOPIC_ARROW_SCHEMA.field("headers").type
 
 
-class DataLossError(SluiceError):
-    """Offsets a query needs are no longer kept by the broker (and `failOnDataLoss` is on)."""
-
-
 def read_range(
     options: SourceOptions, offsets: OffsetRange, *, batch_rows: int = BATCH_ROWS
 ) -> Iterator[Any]:
-    """Yield the messages of `offsets` as Arrow record batches of the topic schema."""
+    """Yield the messages of `offsets` as Arrow record batches of the topic schema (Kafka's
+    columns with option `schema=kafka`)."""
     if not len(offsets):
         return
     with open_session(options) as session:
-        yield from _RangeReader(session, options, offsets, batch_rows).batches()
+        if options.fetch == FETCH_BLOCKS and session.has_feature(RANGE_READS_FEATURE):
+            yield from _kafka(options, offsets, read_blocks(session, options, offsets))
+            return
+        if options.fetch == FETCH_BLOCKS:
+            logger.info("%s has no range reads: reading frame by frame", session.label)
+        batches = _RangeReader(session, options, offsets, batch_rows).batches()
+        yield from _kafka(options, offsets, batches)
+
+
+def _kafka(options: SourceOptions, offsets: OffsetRange, batches: Iterator[Any]) -> Iterator[Any]:
+    """`batches`, in Kafka's columns with option `schema=kafka`."""
+    if options.schema != SCHEMA_KAFKA:
+        yield from batches
+        return
+    name = offsets.topic.removeprefix("/topic/")
+    for batch in batches:
+        yield kafka_batch(batch, name)
 
 
 class _RangeReader:

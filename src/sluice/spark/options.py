@@ -15,7 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sluice.config import DEFAULT_DEDUP_WINDOW, DEFAULT_STOMP_HOST, DEFAULT_STOMP_PORT
-from sluice.errors import ConfigError
+from sluice.spark.names import (
+    JOURNAL_OPTIONS,
+    KAFKA_SINK_EQUIVALENTS,
+    KAFKA_SOURCE_EQUIVALENTS,
+    SINK_OPTIONS,
+    SOURCE_OPTIONS,
+    OptionError,
+    check_names,
+)
 
 __all__ = [
     "DEFAULT_BROKER",
@@ -24,7 +32,13 @@ __all__ = [
     "DEFAULT_PREFETCH",
     "DEFAULT_TIMEOUT_MS",
     "EARLIEST",
+    "FETCH_BLOCKS",
+    "FETCH_FRAMES",
     "LATEST",
+    "SCHEMA_KAFKA",
+    "SCHEMA_SLUICE",
+    "SEND_BLOCKS",
+    "SEND_FRAMES",
     "JournalOptions",
     "OptionError",
     "SinkOptions",
@@ -42,14 +56,20 @@ DEFAULT_PREFETCH = 1000
 DEFAULT_TIMEOUT_MS = 30_000
 EARLIEST = "earliest"
 LATEST = "latest"
+# Values of the source's `schema` option: Sluice's columns, or Kafka's (key, value, ...).
+SCHEMA_SLUICE = "sluice"
+SCHEMA_KAFKA = "kafka"
+# Values of the source's `fetch` option: range blocks (many messages per frame), or one MESSAGE
+# frame per message through a subscription (for brokers without range reads).
+FETCH_BLOCKS = "blocks"
+FETCH_FRAMES = "frames"
+# Values of the sink's `send` option: records blocks (many rows per SEND), or one SEND per row.
+SEND_BLOCKS = "blocks"
+SEND_FRAMES = "frames"
 _TOPIC_PREFIX = "/topic/"
 _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
-
-
-class OptionError(ConfigError):
-    """A data source option is missing or invalid."""
 
 
 @dataclass(frozen=True)
@@ -85,8 +105,11 @@ class SourceOptions:
     max_offsets_per_trigger: int | None = None
     min_partitions: int = 1
     fail_on_data_loss: bool = True
+    fail_on_unknown_topic: bool = True
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     prefetch: int = DEFAULT_PREFETCH
+    schema: str = SCHEMA_SLUICE
+    fetch: str = FETCH_BLOCKS
 
     @property
     def timeout_s(self) -> float:
@@ -107,6 +130,7 @@ class SinkOptions:
     write_id: str | None = None
     dedup_window: int = DEFAULT_DEDUP_WINDOW
     timeout_ms: int = DEFAULT_TIMEOUT_MS
+    send: str = SEND_BLOCKS
 
     @property
     def timeout_s(self) -> float:
@@ -170,6 +194,16 @@ def _offset_spec(options: dict[str, str], name: str, default: str, allowed: tupl
     )
 
 
+def _choice(options: dict[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    text = raw.strip().lower()
+    if text not in allowed:
+        raise OptionError(f"option {name} must be {' or '.join(allowed)}, got {raw[:40]!r}")
+    return text
+
+
 def _text(options: dict[str, str], name: str) -> str | None:
     raw = options.get(name.lower())
     if raw is None or not raw.strip():
@@ -207,9 +241,22 @@ def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOpti
     """Parse the options of the `sluice` source. `startingOffsets` defaults to `latest` for a
     stream and `earliest` for a batch, as with Kafka."""
     opts = _lower(options)
+    kind = "streaming source" if streaming else "batch source"
+    check_names(options, SOURCE_OPTIONS, what=f"sluice {kind}", kafka=KAFKA_SOURCE_EQUIVALENTS)
+    for name, value in opts.items():
+        if name in ("startingoffsets", "endingoffsets") and value.strip().startswith("{"):
+            raise OptionError(
+                f"option {name} takes earliest, latest or one offset, not Kafka's JSON of "
+                'offsets per partition: a Sluice topic is one log (e.g. "1000")'
+            )
     raw_topic = _text(opts, "topic")
     if raw_topic is None:
         raise OptionError('option topic is required, e.g. .option("topic", "/topic/events")')
+    schema = (_text(opts, "schema") or SCHEMA_SLUICE).lower()
+    if schema not in (SCHEMA_SLUICE, SCHEMA_KAFKA):
+        raise OptionError(
+            f"option schema must be {SCHEMA_SLUICE} or {SCHEMA_KAFKA}, got {schema!r}"
+        )
     starting = _offset_spec(
         opts, "startingOffsets", LATEST if streaming else EARLIEST, (EARLIEST, LATEST)
     )
@@ -233,14 +280,18 @@ def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOpti
         max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", None, 1),
         min_partitions=_int(opts, "minPartitions", 1, 1) or 1,
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+        fail_on_unknown_topic=_bool(opts, "failOnUnknownTopic", True),
         timeout_ms=_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS, 1) or DEFAULT_TIMEOUT_MS,
         prefetch=_int(opts, "prefetch", DEFAULT_PREFETCH, 2) or DEFAULT_PREFETCH,
+        schema=schema,
+        fetch=_choice(opts, "fetch", FETCH_BLOCKS, (FETCH_BLOCKS, FETCH_FRAMES)),
     )
 
 
 def sink_options(options: Mapping[str, str]) -> SinkOptions:
     """Parse the options of the `sluice` sink."""
     opts = _lower(options)
+    check_names(options, SINK_OPTIONS, what="sluice sink", kafka=KAFKA_SINK_EQUIVALENTS)
     destination = _text(opts, "destination")
     if destination is not None and not destination.startswith(("/queue/", "/topic/")):
         raise OptionError(f"option destination must start with /queue/ or /topic/: {destination}")
@@ -254,12 +305,14 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
         write_id=_text(opts, "writeId"),
         dedup_window=_int(opts, "dedupWindow", DEFAULT_DEDUP_WINDOW, 1) or DEFAULT_DEDUP_WINDOW,
         timeout_ms=_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS, 1) or DEFAULT_TIMEOUT_MS,
+        send=_choice(opts, "send", SEND_BLOCKS, (SEND_BLOCKS, SEND_FRAMES)),
     )
 
 
 def journal_options(options: Mapping[str, str]) -> JournalOptions:
     """Parse the options of the `sluice-journal` source (`load(path)` sets `path`)."""
     opts = _lower(options)
+    check_names(options, JOURNAL_OPTIONS, what="sluice-journal source")
     path = _text(opts, "path")
     if path is None:
         raise OptionError('the journal reader needs a path: .load("/var/lib/sluice/data")')

@@ -29,9 +29,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from sluice.errors import LimitExceeded
-from sluice.spark.options import OptionError, SinkOptions
+from sluice.spark.options import SEND_BLOCKS, OptionError, SinkOptions
 from sluice.spark.wire import WireSession
 from sluice.stomp.frames import Command
+from sluice.stomp.records import RECORDS_BLOCKS_FEATURE, encode_block
+
+# What one records block holds at most (the broker's max frame size bounds it too).
+BLOCK_ROWS = 4096
+BLOCK_BYTES = 4 * 1024 * 1024
+_RECORDS_HEADER = "x-records-block"
 
 __all__ = [
     "DEDUP_HEADER",
@@ -118,6 +124,13 @@ def send_transaction(options: SinkOptions, rows: Iterable[OutgoingRow], prefix: 
     ) as session:
         tx = f"spark-{secrets.token_hex(6)}"
         session.send(Command.BEGIN, {"transaction": tx})
+        blocks = None
+        if options.send == SEND_BLOCKS:
+            if session.has_feature(RECORDS_BLOCKS_FEATURE):
+                blocks = _Blocks(session, tx, persistent)
+            else:
+                # An older broker would store a block as one message: send row by row.
+                logger.info("%s has no records blocks: one SEND per row", session.label)
         index = 0
         row: OutgoingRow | None = first
         while row is not None:
@@ -139,21 +152,73 @@ def send_transaction(options: SinkOptions, rows: Iterable[OutgoingRow], prefix: 
                         headers[key] = value if isinstance(value, str) else str(value)
             if DEDUP_HEADER not in headers:
                 headers[DEDUP_HEADER] = prefix + str(index)
-            headers["destination"] = destination
-            headers["transaction"] = tx
-            if persistent:
-                headers["persistent"] = "true"
             if body is None:
                 data = b""
             elif isinstance(body, str):
                 data = body.encode("utf-8")
             else:
                 data = bytes(body)
-            session.send(Command.SEND, headers, data)
+            if blocks is not None:
+                blocks.add(destination, headers, data)
+            else:
+                headers["destination"] = destination
+                headers["transaction"] = tx
+                if persistent:
+                    headers["persistent"] = "true"
+                session.send(Command.SEND, headers, data)
             counts[destination] = sent_there + 1
             index += 1
             row = next(iterator, None)
+        if blocks is not None:
+            blocks.flush()
         session.request(Command.COMMIT, {"transaction": tx})
     result.rows = index
     logger.debug("transaction %s committed %d rows (%s...)", tx, index, prefix)
     return result
+
+
+class _Record:
+    """One row as a block holds it: headers and body (the rest is the broker's)."""
+
+    __slots__ = ("body", "headers")
+    seq = 0
+    timestamp_ms = 0
+    message_id = ""
+    expires_ms = 0
+    priority = 4
+    persistent = False
+
+    def __init__(self, headers: dict[str, str], body: bytes) -> None:
+        self.headers = headers
+        self.body = body
+
+
+class _Blocks:
+    """Rows gathered into records blocks (`sluice.stomp.records`), one SEND per block: a block
+    holds consecutive rows for one destination, up to `BLOCK_ROWS` rows or `BLOCK_BYTES`."""
+
+    def __init__(self, session: WireSession, tx: str, persistent: bool) -> None:
+        self.session = session
+        self.headers = {"transaction": tx, _RECORDS_HEADER: "1"}
+        if persistent:
+            self.headers["persistent"] = "true"
+        self.destination: str | None = None
+        self.rows: list[_Record] = []
+        self.nbytes = 0
+
+    def add(self, destination: str, headers: dict[str, str], body: bytes) -> None:
+        if destination != self.destination or len(self.rows) >= BLOCK_ROWS:
+            self.flush()
+            self.destination = destination
+        self.rows.append(_Record(headers, body))
+        self.nbytes += len(body)
+        if self.nbytes >= BLOCK_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.rows or self.destination is None:
+            return
+        body = b"".join(encode_block(self.rows))
+        self.session.send(Command.SEND, {**self.headers, "destination": self.destination}, body)
+        self.rows = []
+        self.nbytes = 0

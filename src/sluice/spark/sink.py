@@ -1,7 +1,9 @@
 """The `sluice` sink: `df.write.format("sluice")` and `df.writeStream.format("sluice")`.
 
 Rows need a `body` column (binary or string) and may have `headers` (a map) and `destination`
-(a string; the `destination` option is the default). Each task sends its rows in one broker
+(a string; the `destination` option is the default); or Kafka's sink columns instead (`value`,
+and optionally `key`, `topic`, `headers` as an array of key/value structs; `partition` is
+ignored). Each task sends its rows in one broker
 transaction with deterministic dedup ids (`sluice.spark.produce`):
 
 - a streaming write's id is the query's id (kept in the checkpoint, so it survives restarts) or
@@ -29,10 +31,11 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, MapType, StringType
+from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
 
 from sluice.spark.options import OptionError, SinkOptions
 from sluice.spark.produce import OutgoingRow, dedup_prefix, send_transaction
+from sluice.spark.schema import KAFKA_KEY_HEADER
 
 __all__ = ["SluiceBatchWriter", "SluiceCommitMessage", "SluiceStreamWriter"]
 
@@ -57,7 +60,10 @@ def _columns(schema: Any) -> tuple[str, bool, bool]:
     fields = {f.name.lower(): f for f in schema.fields}
     body = fields.get("body")
     if body is None or not isinstance(body.dataType, BinaryType | StringType):
-        raise OptionError("the sluice sink needs a body column of type binary or string")
+        raise OptionError(
+            "the sluice sink needs a body column of type binary or string "
+            "(or Kafka's value column: see docs/spark.md, From Kafka)"
+        )
     headers = fields.get("headers")
     if headers is not None and not (
         isinstance(headers.dataType, MapType) and isinstance(headers.dataType.keyType, StringType)
@@ -69,16 +75,86 @@ def _columns(schema: Any) -> tuple[str, bool, bool]:
     return body.name, headers is not None, destination is not None
 
 
+def _kafka_columns(schema: Any) -> dict[str, str]:
+    """Check Kafka's sink columns (`value`, optional `key`, `topic`, `headers`, `partition`):
+    their names in the input by role."""
+    fields = {f.name.lower(): f for f in schema.fields}
+    if "body" in fields or "destination" in fields:
+        raise OptionError(
+            "the input has Kafka's value column and Sluice's body or destination: use one set"
+        )
+    text_or_bytes = BinaryType | StringType
+    for role in ("value", "key"):
+        field_ = fields.get(role)
+        if field_ is not None and not isinstance(field_.dataType, text_or_bytes):
+            raise OptionError(f"the {role} column must be binary or string")
+    topic = fields.get("topic")
+    if topic is not None and not isinstance(topic.dataType, StringType):
+        raise OptionError("the topic column must be a string")
+    headers = fields.get("headers")
+    if headers is not None and not _is_kafka_headers(headers.dataType):
+        raise OptionError(
+            "the headers column must be Kafka's array<struct<key: string, value: binary>> "
+            f"(or a map, with Sluice's body column), not {headers.dataType.simpleString()}"
+        )
+    return {role: f.name for role, f in fields.items() if role in _KAFKA_ROLES}
+
+
+_KAFKA_ROLES = ("value", "key", "topic", "headers")
+
+
+def _is_kafka_headers(kind: Any) -> bool:
+    """An array of (key, value) structs, taken by position: Spark may rename a struct's fields
+    on the way to a writer (`col2`)."""
+    if not isinstance(kind, ArrayType) or not isinstance(kind.elementType, StructType):
+        return False
+    fields = kind.elementType.fields
+    return (
+        len(fields) == 2
+        and isinstance(fields[0].dataType, StringType)
+        and isinstance(fields[1].dataType, BinaryType | StringType)
+    )
+
+
+def _text(value: bytes | str, what: str) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OptionError(f"a {what} must be UTF-8 text (STOMP headers are text)") from None
+
+
+def _kafka_headers(pairs: Any, key: bytes | str | None) -> dict[str, str] | None:
+    headers: dict[str, str] = {}
+    for pair in pairs or ():
+        name, value = pair.values()
+        if name is not None and value is not None:
+            headers[name] = _text(value, "header value")
+    if key is not None:
+        headers[KAFKA_KEY_HEADER] = _text(key, "key")
+    return headers or None
+
+
 class _ArrowRows:
-    """Turns record batches into `(destination, headers, body)` rows, column by column."""
+    """Turns record batches into `(destination, headers, body)` rows, column by column; from
+    Sluice's columns (`body`, `headers`, `destination`) or Kafka's (`value`, `key`, `topic`,
+    `headers`; `key` becomes the `JMSXGroupID` header, a `topic` NAME `/topic/NAME`)."""
 
     def __init__(self, schema: Any) -> None:
-        self.body, self.has_headers, self.has_destination = _columns(schema)
         names = {f.name.lower(): f.name for f in schema.fields}
+        self.kafka: dict[str, str] | None = None
+        if "value" in names and "body" not in names:
+            self.kafka = _kafka_columns(schema)
+            return
+        self.body, self.has_headers, self.has_destination = _columns(schema)
         self.headers = names.get("headers")
         self.destination = names.get("destination")
 
     def rows(self, batches: Iterator[Any]) -> Iterator[OutgoingRow]:
+        if self.kafka is not None:
+            yield from self._kafka_rows(batches, self.kafka)
+            return
         for batch in batches:
             count = batch.num_rows
             bodies = batch.column(self.body).to_pylist()
@@ -92,6 +168,23 @@ class _ArrowRows:
                 destinations = [None] * count
             for destination, pairs, body in zip(destinations, headers, bodies, strict=True):
                 yield destination, dict(pairs) if pairs else None, body
+
+    @staticmethod
+    def _kafka_rows(batches: Iterator[Any], names: dict[str, str]) -> Iterator[OutgoingRow]:
+        for batch in batches:
+            count = batch.num_rows
+
+            def column(role: str, n: int = count, b: Any = batch) -> list[Any]:
+                name = names.get(role)
+                return b.column(name).to_pylist() if name is not None else [None] * n
+
+            for value, key, topic, pairs in zip(
+                column("value"), column("key"), column("topic"), column("headers"), strict=True
+            ):
+                destination = None
+                if topic:
+                    destination = topic if topic.startswith("/") else "/topic/" + topic
+                yield destination, _kafka_headers(pairs, key), value
 
 
 def _task_context() -> Any:

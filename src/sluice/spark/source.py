@@ -32,7 +32,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
+    IntegerType,
     LongType,
     MapType,
     StringType,
@@ -51,15 +53,26 @@ from sluice.spark.offsets import (
     split_range,
     topic_offsets,
 )
-from sluice.spark.options import OptionError, SourceOptions, sink_options, source_options
-from sluice.spark.schema import TOPIC_COLUMNS
+from sluice.spark.options import (
+    EARLIEST,
+    SCHEMA_KAFKA,
+    SCHEMA_SLUICE,
+    OptionError,
+    SourceOptions,
+    sink_options,
+    source_options,
+)
+from sluice.spark.schema import KAFKA_COLUMNS, TOPIC_COLUMNS
 from sluice.spark.sink import SluiceBatchWriter, SluiceStreamWriter
 
 __all__ = [
+    "NothingKeptError",
     "SluiceBatchReader",
     "SluiceDataSource",
     "SluiceStreamReader",
     "TopicRange",
+    "UnknownTopicError",
+    "check_topic",
     "spark_type",
     "topic_schema",
 ]
@@ -72,6 +85,10 @@ _SPARK_TYPES: dict[str, Any] = {
     "TIMESTAMP": TimestampType(),
     "MAP<STRING,STRING>": MapType(StringType(), StringType()),
     "BINARY": BinaryType(),
+    "INT": IntegerType(),
+    "ARRAY<STRUCT<key:STRING,value:BINARY>>": ArrayType(
+        StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    ),
 }
 
 
@@ -80,10 +97,12 @@ def spark_type(kind: str) -> Any:
     return _SPARK_TYPES[kind]
 
 
-def topic_schema() -> Any:
+def topic_schema(kind: str = SCHEMA_SLUICE) -> Any:
     """`offset LONG, destination STRING, message_id STRING, timestamp TIMESTAMP,
-    headers MAP<STRING,STRING>, body BINARY`, built without asking the JVM to parse DDL."""
-    return StructType([StructField(name, spark_type(kind)) for name, kind in TOPIC_COLUMNS])
+    headers MAP<STRING,STRING>, body BINARY`, or with `kind` kafka Kafka's columns (`key`,
+    `value`, ...), built without asking the JVM to parse DDL."""
+    columns = KAFKA_COLUMNS if kind == SCHEMA_KAFKA else TOPIC_COLUMNS
+    return StructType([StructField(name, spark_type(kind)) for name, kind in columns])
 
 
 class TopicRange(InputPartition):  # type: ignore[misc,unused-ignore]
@@ -96,6 +115,45 @@ class TopicRange(InputPartition):  # type: ignore[misc,unused-ignore]
     def __repr__(self) -> str:
         o = self.offsets
         return f"TopicRange({o.topic} [{o.start}, {o.end}))"
+
+
+class UnknownTopicError(OptionError):
+    """The topic has never had a message: most likely its name is misspelled."""
+
+
+class NothingKeptError(OptionError):
+    """`startingOffsets=earliest` on a topic that keeps none of its messages."""
+
+
+def check_topic(options: SourceOptions, kept: TopicOffsets, *, streaming: bool) -> None:
+    """Refuse to read nothing silently: an unknown topic, or `earliest` on a topic that keeps
+    none of the messages it had (see docs/spark.md, "What the broker must keep")."""
+    topic = options.topic
+    if kept.last == 0:
+        if not options.fail_on_unknown_topic:
+            logger.info(
+                "%s has no message yet; reading it anyway (failOnUnknownTopic=false)", topic
+            )
+            return
+        wait = "wait for its first message" if streaming else "read it as empty"
+        raise UnknownTopicError(
+            f"{topic} has never had a message on {options.broker} (its last offset is 0): "
+            "is its name right? "
+            f"Set failOnUnknownTopic=false to {wait}"
+        )
+    if options.starting != EARLIEST or kept.first <= kept.last:
+        return
+    message = (
+        f"startingOffsets=earliest, but {topic} keeps none of its {kept.last} messages "
+        f"(offsets 1 to {kept.last} are gone): a topic keeps a message only while its retention "
+        "(retention_s or retention_bytes in the broker's [[destination]] policy for it) or a "
+        "durable subscription holds it, and the broker's default retention is 0"
+    )
+    if streaming and options.subscription is not None:
+        # The durable subscription keeps everything from here on: the stream is sound.
+        logger.warning("%s; the stream starts at offset %d", message, kept.end)
+        return
+    raise NothingKeptError(message)
 
 
 def _partitions(options: SourceOptions, whole: OffsetRange) -> list[TopicRange]:
@@ -111,8 +169,9 @@ class SluiceDataSource(DataSource):  # type: ignore[misc,unused-ignore]
         return "sluice"
 
     def schema(self) -> Any:
-        """The schema of rows read from a topic."""
-        return topic_schema()
+        """The schema of rows read from a topic (option `schema`: sluice or kafka)."""
+        kind = str(self.options.get("schema", SCHEMA_SLUICE)).strip().lower()
+        return topic_schema(SCHEMA_KAFKA if kind == SCHEMA_KAFKA else SCHEMA_SLUICE)
 
     def reader(self, schema: Any) -> SluiceBatchReader:
         """`spark.read.format("sluice")`."""
@@ -143,6 +202,7 @@ class SluiceBatchReader(DataSourceReader):  # type: ignore[misc,unused-ignore]
         """The range, resolved against what the topic keeps now, cut into partitions."""
         options = self.options
         kept = topic_offsets(options)
+        check_topic(options, kept, streaming=False)
         start = resolve(options.starting, kept)
         end = resolve(options.ending, kept)
         if end > kept.end:
@@ -190,6 +250,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802
         """Where a new query starts: `startingOffsets` resolved now (default `latest`)."""
         kept = self._kept()
+        check_topic(self.options, kept, streaming=True)
         start = resolve(self.options.starting, kept)
         # From here on the broker keeps what the query will need.
         move_cursor(self.options, start)

@@ -72,6 +72,8 @@ class WireSession:
         self._messages: deque[Frame] = deque()
         self._receipt_ids = itertools.count(1)
         self._closed = False
+        # CONNECTED's `server` header: the broker's name, version and features.
+        self.server = ""
 
     @classmethod
     def open(
@@ -159,6 +161,12 @@ class WireSession:
         frame = self._next_frame()
         if frame.command is not Command.CONNECTED:
             raise ClientError(f"{self.label} answered CONNECT with {frame.command}")
+        self.server = frame.headers.get("server", "")
+
+    def has_feature(self, feature: str) -> bool:
+        """Does the broker name `feature` among the comments of its `server` header?"""
+        _, _, comments = self.server.partition(" ")
+        return feature in comments.strip("()").split()
 
     def __enter__(self) -> WireSession:
         return self
