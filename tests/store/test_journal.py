@@ -17,7 +17,7 @@ import pytest
 from sluice.config import MiB, SyncPolicy
 from sluice.errors import CorruptionError, StoreError
 from sluice.store.api import RecoveredSubscription, WriteState
-from sluice.store.journal import files
+from sluice.store.journal import files, scan
 from sluice.store.journal import format as fmt
 from sluice.store.journal import store as store_mod
 from sluice.store.journal.files import list_files
@@ -220,6 +220,49 @@ def test_files_after_large_synced_batches_are_fallocated_not_zero_filled(
     s = journal(h)
     assert seqs(s) == list(range(1, seq + 1))
     assert len(s.load(Q, seq - 1, 1, 1)[0].body) == 384 * 1024
+
+
+def test_load_reads_neighbouring_records_in_pages_and_drops_a_damaged_one(
+    make_journal: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`load` reads a run of records of one file with one pread; a damaged record in the page
+    costs that message alone."""
+    h = make_journal()
+    h.open()
+    s = journal(h)
+    for seq in range(1, 301):
+        h.track(s.add(msg(Q, seq, b"body-%03d" % seq), None))
+    h.settle()
+    h.reopen()
+    s = journal(h)
+    reads: list[int] = []
+    real_pread = os.pread
+
+    def counting_pread(fd: int, length: int, offset: int) -> bytes:
+        reads.append(length)
+        return real_pread(fd, length, offset)
+
+    monkeypatch.setattr(files.os, "pread", counting_pread)
+    assert [m.seq for m in s.load(Q, 0, 1000, 1 << 30)] == list(range(1, 301))
+    assert len(reads) <= 2, reads  # 300 records, in one or two data files
+    monkeypatch.undo()
+
+    record = next(
+        item
+        for item in scan.FileScan(files.file_path(s.journal_dir, list_files(s.journal_dir)[0]))
+        if isinstance(item, scan.ScannedRecord)
+        and item.rtype == fmt.RecordType.ADD
+        and fmt.decode_add(item.payload)[0].body == b"body-150"
+    )
+    path = files.file_path(s.journal_dir, list_files(s.journal_dir)[0])
+    with open(path, "r+b") as f:
+        f.seek(record.offset + record.length - 2)
+        byte = f.read(1)
+        f.seek(record.offset + record.length - 2)
+        f.write(bytes([byte[0] ^ 0x20]))
+    s._reader.forget(list_files(s.journal_dir)[0])
+    assert [m.seq for m in s.load(Q, 0, 1000, 1 << 30)] == [n for n in range(1, 301) if n != 150]
+    assert s.stats().damaged_records == 1
 
 
 @pytest.mark.parametrize("policy", [SyncPolicy.PERIODIC, SyncPolicy.NEVER])

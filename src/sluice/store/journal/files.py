@@ -548,6 +548,8 @@ class HeadFile:
                 self.fd = -1
 
 
+# Paths of files read kept at most (a cache: files come and go over a store's life).
+_MAX_PATHS = 256
 # The largest whole record a location may name.
 MAX_RECORD_BYTES = fmt.HEADER_BYTES + fmt.MAX_PAYLOAD_BYTES
 
@@ -565,18 +567,30 @@ class FileReader:
         self.journal_dir = journal_dir
         self._fds: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
+        self._paths: dict[int, str] = {}
 
-    def read(self, file_no: int, offset: int, length: int) -> bytes:
-        """The `length` bytes at `offset` of file `file_no` (a whole record)."""
+    def path(self, file_no: int) -> str:
+        """The path of file `file_no`, as errors name it (made once per file)."""
+        path = self._paths.get(file_no)
+        if path is None:
+            if len(self._paths) >= _MAX_PATHS:
+                self._paths.clear()
+            path = self._paths[file_no] = str(file_path(self.journal_dir, file_no))
+        return path
+
+    def read(
+        self, file_no: int, offset: int, length: int, max_length: int = MAX_RECORD_BYTES
+    ) -> bytes:
+        """The `length` bytes at `offset` of file `file_no`: a whole record, or with a larger
+        `max_length` several neighbouring ones (a page)."""
         fd = self._fds.get(file_no)
-        path = file_path(self.journal_dir, file_no)
-        if not fmt.HEADER_BYTES <= length <= MAX_RECORD_BYTES or offset < 0:
+        if not fmt.HEADER_BYTES <= length <= max_length or offset < 0:
             raise CorruptionError(
-                f"record location of {length} bytes is impossible", str(path), offset
+                f"record location of {length} bytes is impossible", self.path(file_no), offset
             )
         try:
             if fd is None:
-                fd = self._fds[file_no] = os.open(path, os.O_RDONLY)
+                fd = self._fds[file_no] = os.open(self.path(file_no), os.O_RDONLY)
             size = self._sizes.get(file_no, -1)
             if offset + length > size:
                 # Files only grow while open (a record larger than the file size): look again.
@@ -584,22 +598,25 @@ class FileReader:
             if offset + length > size:
                 raise CorruptionError(
                     f"record of {length} bytes runs past the end of the file ({size} bytes)",
-                    str(path),
+                    self.path(file_no),
                     offset,
                 )
             data = os.pread(fd, length, offset)
         except FileNotFoundError as exc:
-            raise CorruptionError("data file is missing", str(path), offset) from exc
+            raise CorruptionError("data file is missing", self.path(file_no), offset) from exc
         except OSError as exc:
-            raise StoreError(f"journal read failed: {exc.strerror}", str(path), offset) from exc
+            raise StoreError(
+                f"journal read failed: {exc.strerror}", self.path(file_no), offset
+            ) from exc
         if len(data) != length:
-            raise CorruptionError("record is truncated", str(path), offset)
+            raise CorruptionError("record is truncated", self.path(file_no), offset)
         return data
 
     def forget(self, file_no: int) -> None:
         """Close the descriptor of a file that is about to go."""
         fd = self._fds.pop(file_no, None)
         self._sizes.pop(file_no, None)
+        self._paths.pop(file_no, None)
         if fd is not None:
             os.close(fd)
 

@@ -275,7 +275,7 @@ class FileScan:
 
 
 def parse_add(
-    data: bytes,
+    data: bytes | memoryview,
     path: str,
     offset: int,
     length: int,

@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 
 # Index entries `first_seq` looks at per hold of the store's lock.
 FIRST_SEQ_CHUNK = 256
+# `load` reads neighbouring records of one data file with one pread: records at most this far
+# apart, and at most this many bytes in all.
+PAGE_GAP_BYTES = 64 * 1024
+PAGE_MAX_BYTES = 1024 * 1024
 
 # What load() picked: committed location, or the record bytes of a not yet written add.
 _Source = tuple[int, int, int] | list[bytes]
@@ -342,19 +346,80 @@ class JournalStore:
                         picks.append((seq, size, source))
                         total += size
                 damaged = False
-                for seq, size, source in picks:
+                for seq, size, read in self._read_page(destination, picks):
                     after_seq = seq
-                    try:
-                        message = self._read(destination, seq, source)
-                    except CorruptionError as exc:
-                        self._drop_damaged(destination, seq, exc)
+                    if isinstance(read, CorruptionError):
+                        self._drop_damaged(destination, seq, read)
                         total -= size
                         damaged = True
                         continue
-                    out.append(message)
+                    out.append(read)
                 # A dropped record freed room: fill it from what follows.
                 if not damaged:
                     return out
+
+    def _read_page(
+        self, destination: str, picks: list[tuple[int, int, _Source]]
+    ) -> Iterator[tuple[int, int, StoredMessage | CorruptionError]]:
+        """Each pick's message, or the error its record fails with. Neighbouring records of one
+        file (gaps under `PAGE_GAP_BYTES`, at most `PAGE_MAX_BYTES` in all) are read with one
+        pread; a page that cannot be read is read again record by record, so that the damage is
+        pinned on the records it is in."""
+        i, count = 0, len(picks)
+        while i < count:
+            seq, size, source = picks[i]
+            if isinstance(source, list):
+                yield seq, size, self._read_one(destination, seq, source)
+                i += 1
+                continue
+            file_no, start, length = source
+            end = start + length
+            j = i + 1
+            while j < count:
+                nxt = picks[j][2]
+                if (
+                    isinstance(nxt, list)
+                    or nxt[0] != file_no
+                    or not end <= nxt[1] <= end + PAGE_GAP_BYTES
+                    or nxt[1] + nxt[2] - start > PAGE_MAX_BYTES
+                ):
+                    break
+                end = nxt[1] + nxt[2]
+                j += 1
+            page: bytes | None = None
+            if j - i > 1:
+                try:
+                    page = self._reader.read(file_no, start, end - start, PAGE_MAX_BYTES)
+                except CorruptionError:
+                    page = None
+            if page is None:
+                for seq, size, source in picks[i:j]:
+                    yield seq, size, self._read_one(destination, seq, source)
+            else:
+                view = memoryview(page)
+                path = self._reader.path(file_no)
+                for seq, size, source in picks[i:j]:
+                    assert not isinstance(source, list)  # a page holds written records only
+                    _, offset, length = source
+                    data = view[offset - start : offset - start + length]
+                    try:
+                        message = parse_add(
+                            data, path, offset, length, destination=destination, seq=seq
+                        )
+                    except CorruptionError as exc:
+                        yield seq, size, exc
+                        continue
+                    message.seq = seq
+                    yield seq, size, message
+            i = j
+
+    def _read_one(
+        self, destination: str, seq: int, source: _Source
+    ) -> StoredMessage | CorruptionError:
+        try:
+            return self._read(destination, seq, source)
+        except CorruptionError as exc:
+            return exc
 
     def _read(self, destination: str, seq: int, source: _Source) -> StoredMessage:
         if isinstance(source, list):
@@ -362,7 +427,7 @@ class JournalStore:
         else:
             file_no, offset, length = source
             data = self._reader.read(file_no, offset, length)
-            path = str(file_path(self.journal_dir, file_no))
+            path = self._reader.path(file_no)
             message = parse_add(data, path, offset, length, destination=destination, seq=seq)
         message.seq = seq
         return message
