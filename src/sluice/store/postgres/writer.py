@@ -42,6 +42,8 @@ from sluice.store.postgres.schema import CHUNK_BYTES, chunks_of, encode_headers
 log = logging.getLogger(__name__)
 
 MAX_BATCH_OPS = 4096
+# A batch stops growing past this many bytes of messages (it holds at least one op).
+MAX_BATCH_BYTES = 16 * 1024 * 1024
 STOP_TIMEOUT_S = 10.0
 
 
@@ -94,7 +96,9 @@ class Op:
 
 
 class _Statements:
-    """SQL statements in order; runs of one statement go as one `executemany`."""
+    """SQL statements in order. A run of one statement goes as one statement over arrays when
+    it has a bulk form (`_BULK`: the rows' columns as arrays, `unnest`ed by the server: one
+    execution for the run), or else as one `executemany`."""
 
     def __init__(self) -> None:
         self.groups: list[tuple[str, list[Sequence[Any]]]] = []
@@ -109,6 +113,8 @@ class _Statements:
         for query, rows in self.groups:
             if len(rows) == 1:
                 cur.execute(query, rows[0])
+            elif query in _BULK:
+                cur.execute(_BULK[query], [list(column) for column in zip(*rows, strict=True)])
             else:
                 cur.executemany(query, rows)
 
@@ -141,6 +147,28 @@ _SUB_PUT = (
     "destination = excluded.destination, selector = excluded.selector, cursor = excluded.cursor"
 )
 _SUB_DELETE = "DELETE FROM subscriptions WHERE client_id = %s AND name = %s"
+# Runs of these statements as one statement over arrays of their parameters.
+_BULK = {
+    _INSERT_MSG: (
+        "INSERT INTO messages (id, dest_id, seq, txno, message_id, timestamp_ms, expires_ms, "
+        "priority, persistent, size, headers, body, chunks) SELECT * FROM unnest("
+        "%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::bigint[], "
+        "%s::bigint[], %s::smallint[], %s::boolean[], %s::bigint[], %s::bytea[], %s::bytea[], "
+        "%s::integer[])"
+    ),
+    _INSERT_CHUNK: (
+        "INSERT INTO message_chunks (message, n, data) "
+        "SELECT * FROM unnest(%s::bigint[], %s::integer[], %s::bytea[])"
+    ),
+    _INSERT_DEDUP: (
+        "INSERT INTO dedup_ids (dest_id, pos, dedup_id) "
+        "SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::text[])"
+    ),
+    _REMOVE: (
+        "DELETE FROM messages USING unnest(%s::bigint[], %s::bigint[]) AS gone (dest_id, seq) "
+        "WHERE messages.dest_id = gone.dest_id AND messages.seq = gone.seq"
+    ),
+}
 _ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off"
 _SUB_CURSOR = "UPDATE subscriptions SET cursor = %s WHERE client_id = %s AND name = %s"
 
@@ -259,7 +287,7 @@ class Writer:
         batch: list[Op] = []
         nbytes = 0
         queue = self.queue
-        while queue and len(batch) < MAX_BATCH_OPS:
+        while queue and len(batch) < MAX_BATCH_OPS and (not batch or nbytes < MAX_BATCH_BYTES):
             op = queue.popleft()
             batch.append(op)
             nbytes += op.nbytes
