@@ -97,6 +97,18 @@ def test_large_bodies_are_stored_in_chunks(h: Harness, pg_server: PgServer, sche
     h.track(h.s.remove(Q, 1))
     h.settle()
     assert _sql(pg_server, schema, "SELECT count(*) FROM message_chunks") == [(0,)]
+    # Every way a message goes takes its chunks along: an abort, a range, a destination delete.
+    h.s.begin("big")
+    h.track(h.s.add(msg(Q, 0, big), None, "big"))
+    h.track(h.s.add(msg(Q, 3, big), None))
+    h.track(h.s.add(msg("/queue/other", 1, big), None))
+    h.settle()
+    assert _sql(pg_server, schema, "SELECT count(*) FROM message_chunks") == [(12,)]
+    h.s.abort("big")
+    h.track(h.s.remove_range(Q, 3))
+    h.track(h.s.delete_destination("/queue/other"))
+    h.settle()
+    assert _sql(pg_server, schema, "SELECT count(*) FROM message_chunks") == [(0,)]
 
 
 def test_keyset_pages_over_many_rows_with_removes_and_pending_writes(h: Harness) -> None:

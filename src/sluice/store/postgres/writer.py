@@ -113,6 +113,13 @@ class _Statements:
         for query, rows in self.groups:
             if len(rows) == 1:
                 cur.execute(query, rows[0])
+            elif query is _REMOVE:
+                # By destination, so each delete is one scan of the (dest_id, seq) index.
+                seqs: dict[int, list[int]] = {}
+                for dest_id, seq in rows:
+                    seqs.setdefault(dest_id, []).append(seq)
+                for dest_id, dest_seqs in seqs.items():
+                    cur.execute(_REMOVE_MANY, (dest_id, dest_seqs))
             elif query in _BULK:
                 cur.execute(_BULK[query], [list(column) for column in zip(*rows, strict=True)])
             else:
@@ -129,16 +136,36 @@ _INSERT_MSG = (
 _INSERT_CHUNK = "INSERT INTO message_chunks (message, n, data) VALUES (%s, %s, %s)"
 _INSERT_DEDUP = "INSERT INTO dedup_ids (dest_id, pos, dedup_id) VALUES (%s, %s, %s)"
 _TRIM_DEDUP = "DELETE FROM dedup_ids WHERE dest_id = %s AND pos < %s"
-_REMOVE = "DELETE FROM messages WHERE dest_id = %s AND seq = %s"
-_REMOVE_RANGE = "DELETE FROM messages WHERE dest_id = %s AND seq <= %s"
+# Deleting messages deletes their chunks in the same statement (the chunks of those that have
+# any, found through the primary keys: never a scan of either table).
+_REMOVE = (
+    "WITH gone AS (DELETE FROM messages WHERE dest_id = %s AND seq = %s RETURNING id, chunks) "
+    "DELETE FROM message_chunks WHERE message = ANY(ARRAY(SELECT id FROM gone WHERE chunks > 0))"
+)
+_REMOVE_MANY = (
+    "WITH gone AS (DELETE FROM messages WHERE dest_id = %s AND seq = ANY(%s::bigint[]) "
+    "RETURNING id, chunks) "
+    "DELETE FROM message_chunks WHERE message = ANY(ARRAY(SELECT id FROM gone WHERE chunks > 0))"
+)
+_REMOVE_RANGE = (
+    "WITH gone AS (DELETE FROM messages WHERE dest_id = %s AND seq <= %s RETURNING id, chunks) "
+    "DELETE FROM message_chunks WHERE message = ANY(ARRAY(SELECT id FROM gone WHERE chunks > 0))"
+)
 _COMMIT_TX = (
     "UPDATE messages SET seq = v.seq, txno = NULL "
     "FROM unnest(%s::bigint[], %s::bigint[]) AS v (id, seq) WHERE messages.id = v.id"
 )
-_ABORT_TX = "DELETE FROM messages WHERE txno = %s"
+_ABORT_TX = (
+    "WITH gone AS (DELETE FROM messages WHERE txno = %s RETURNING id, chunks) "
+    "DELETE FROM message_chunks WHERE message = ANY(ARRAY(SELECT id FROM gone WHERE chunks > 0))"
+)
 _MARK = "UPDATE destinations SET dispatch_mark = %s WHERE id = %s"
 _LAST_SEQ = "UPDATE destinations SET last_seq = %s WHERE id = %s"
-_DELETE_DEST_MSGS = "DELETE FROM messages WHERE dest_id = %s AND seq IS NOT NULL"
+_DELETE_DEST_MSGS = (
+    "WITH gone AS (DELETE FROM messages WHERE dest_id = %s AND seq IS NOT NULL "
+    "RETURNING id, chunks) "
+    "DELETE FROM message_chunks WHERE message = ANY(ARRAY(SELECT id FROM gone WHERE chunks > 0))"
+)
 _DELETE_DEST_DEDUP = "DELETE FROM dedup_ids WHERE dest_id = %s"
 _DELETE_DEST = "UPDATE destinations SET live = false, last_seq = 0, dispatch_mark = 0 WHERE id = %s"
 _SUB_PUT = (
@@ -163,10 +190,6 @@ _BULK = {
     _INSERT_DEDUP: (
         "INSERT INTO dedup_ids (dest_id, pos, dedup_id) "
         "SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::text[])"
-    ),
-    _REMOVE: (
-        "DELETE FROM messages USING unnest(%s::bigint[], %s::bigint[]) AS gone (dest_id, seq) "
-        "WHERE messages.dest_id = gone.dest_id AND messages.seq = gone.seq"
     ),
 }
 _ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off"
