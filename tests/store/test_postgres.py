@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psycopg
@@ -18,12 +19,12 @@ from pgserver import PgServer, fresh_schema
 from sluice import config as config_mod
 from sluice.client import Client
 from sluice.errors import ConfigError, StoreError
-from sluice.store.api import WriteState
+from sluice.store.api import WriteHandle, WriteState
 from sluice.store.postgres.schema import CHUNK_BYTES, SCHEMA_VERSION
 from sluice.store.postgres.store import PostgresStore
 from sluice.store.postgres.urls import safe_url
 
-from .helpers import Harness, fields, msg
+from .helpers import Harness, Sink, fields, msg
 
 Q = "/queue/pg"
 
@@ -94,6 +95,18 @@ def test_large_bodies_are_stored_in_chunks(h: Harness, pg_server: PgServer, sche
     h.reopen()
     assert [m.body for m in h.s.load(Q, 0, 10, 1 << 30)] == [big, b"small"]
     h.track(h.s.remove(Q, 1))
+    h.settle()
+    assert _sql(pg_server, schema, "SELECT count(*) FROM message_chunks") == [(0,)]
+    # Every way a message goes takes its chunks along: an abort, a range, a destination delete.
+    h.s.begin("big")
+    h.track(h.s.add(msg(Q, 0, big), None, "big"))
+    h.track(h.s.add(msg(Q, 3, big), None))
+    h.track(h.s.add(msg("/queue/other", 1, big), None))
+    h.settle()
+    assert _sql(pg_server, schema, "SELECT count(*) FROM message_chunks") == [(12,)]
+    h.s.abort("big")
+    h.track(h.s.remove_range(Q, 3))
+    h.track(h.s.delete_destination("/queue/other"))
     h.settle()
     assert _sql(pg_server, schema, "SELECT count(*) FROM message_chunks") == [(0,)]
 
@@ -264,3 +277,52 @@ def test_removes_nobody_waits_for_commit_without_a_flush_unless_sync_acks(
         assert [m.seq for m in harness.s.load(Q, 0, 10, 1 << 20)] == [2]
     finally:
         harness.close()
+
+
+class _GatedSink(Sink):
+    """A sink that holds the writer thread inside the completion of `gate` until `open`, so
+    what the test queues meanwhile waits for the writer, all of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: object = None
+        self.opened = threading.Event()
+
+    def __call__(self, handles: Sequence[WriteHandle]) -> None:
+        super().__call__(handles)
+        if any(h is self.gate for h in handles):
+            assert self.opened.wait(20), "the gate was never opened"
+
+
+def test_range_removes_and_a_deleted_destination_stay_hidden_while_queued(
+    pg_server: PgServer, schema: str
+) -> None:
+    sink = _GatedSink()
+    harness = Harness("postgres", lambda: PostgresStore(pg_server.url(), schema=schema), sink)
+    harness.open()
+    try:
+        for seq in range(1, 11):
+            harness.track(harness.s.add(msg(Q, seq), None))
+        harness.settle()
+        sink.gate = harness.track(harness.s.mark_dispatched("/queue/gate", 1))
+        sink.wait([sink.gate])  # the writer is held: everything below is queued
+        harness.track(harness.s.remove_range(Q, 8))
+        harness.track(harness.s.remove_range(Q, 3))  # a lower floor hides no less
+        assert loaded_seqs(harness) == [9, 10]
+        harness.track(harness.s.delete_destination(Q))
+        for seq in (1, 2, 3):  # the destination created again
+            harness.track(harness.s.add(msg(Q, seq, b"new"), None))
+        harness.track(harness.s.remove_range(Q, 2))
+        assert loaded_seqs(harness) == [3]
+        sink.opened.set()
+        harness.settle()
+        assert loaded_seqs(harness) == [3]
+        harness.reopen()
+        assert loaded_seqs(harness) == [3]
+    finally:
+        sink.opened.set()
+        harness.close()
+
+
+def loaded_seqs(harness: Harness) -> list[int]:
+    return [m.seq for m in harness.s.load(Q, 0, 100, 1 << 30)]

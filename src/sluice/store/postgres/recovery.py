@@ -23,7 +23,13 @@ def recover(
     """(what is stored, the writer's state, the highest message row id) in the connection's
     transaction; the caller commits."""
     report = migrate(conn, schema)
-    dropped = conn.execute("DELETE FROM messages WHERE txno IS NOT NULL").rowcount
+    row = conn.execute(
+        "WITH gone AS (DELETE FROM messages WHERE txno IS NOT NULL RETURNING id, chunks), "
+        "chunks AS (DELETE FROM message_chunks "
+        "WHERE message = ANY(ARRAY(SELECT id FROM gone WHERE chunks > 0))) "
+        "SELECT count(*) FROM gone"
+    ).fetchone()
+    dropped = int(row[0]) if row is not None else 0
     if dropped:
         report.append(f"postgres: {dropped} messages of unfinished transactions dropped")
     rows = conn.execute(

@@ -11,6 +11,10 @@ Headers are bytea in the journal's header layout (`u32 count`, then `count` pair
 UTF-8 bytes`, little endian, see `docs/store-format.md`), checked against their lengths before
 anything is sliced. A body larger than `CHUNK_BYTES` is kept in rows of `message_chunks`, never
 in one huge value.
+
+There are no foreign keys: the store's one writer keeps the references whole (a message's chunks
+are deleted by the statement that deletes it, `writer.py`), and a key check per inserted row (a
+lock on the destination's row, written to the WAL) would cost every send.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         """CREATE TABLE messages (
             id bigint PRIMARY KEY,
-            dest_id bigint NOT NULL REFERENCES destinations (id),
+            dest_id bigint NOT NULL,
             seq bigint,
             txno bigint,
             message_id text NOT NULL,
@@ -57,13 +61,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX messages_open_tx ON messages (txno) WHERE txno IS NOT NULL",
         """CREATE TABLE message_chunks (
-            message bigint NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+            message bigint NOT NULL,
             n integer NOT NULL,
             data bytea NOT NULL,
             PRIMARY KEY (message, n)
         )""",
         """CREATE TABLE dedup_ids (
-            dest_id bigint NOT NULL REFERENCES destinations (id),
+            dest_id bigint NOT NULL,
             pos bigint NOT NULL,
             dedup_id text NOT NULL,
             PRIMARY KEY (dest_id, pos)

@@ -104,7 +104,9 @@ class PostgresStore:
         self._reader: psycopg.Connection[Any] | None = None
         self._adds: dict[str, SortedDict] = {}
         self._removed: dict[str, dict[int, Op]] = {}
-        self._floors: dict[str, tuple[int, Op]] = {}
+        # Per destination, the floors of range removes and deletes not yet committed, each with
+        # its op; committed rows at or below the highest are hidden.
+        self._floors: dict[str, list[tuple[int, Op]]] = {}
         self._txs: dict[str, _Tx] = {}
         self._row_ids = itertools.count(1)
         self._txnos = itertools.count(1)
@@ -222,9 +224,11 @@ class PostgresStore:
             if removed is not None and removed.get(op.seq) is op:
                 del removed[op.seq]
         elif kind in (OpKind.REMOVE_RANGE, OpKind.DEST_DELETE):
-            floor = self._floors.get(op.destination)
-            if floor is not None and floor[1] is op:
-                del self._floors[op.destination]
+            floors = self._floors.get(op.destination)
+            if floors is not None:
+                floors[:] = [(seq, other) for seq, other in floors if other is not op]
+                if not floors:
+                    del self._floors[op.destination]
         elif kind is OpKind.COMMIT:
             for add, seq in op.commit_adds:
                 self._drop_add(add.destination, seq, add.op)
@@ -253,7 +257,7 @@ class PostgresStore:
             removed.pop(entry.seq, None)
 
     def _set_floor(self, destination: str, seq: int, op: Op) -> None:
-        self._floors[destination] = (seq, op)
+        self._floors.setdefault(destination, []).append((seq, op))
         entries = self._adds.get(destination)
         if entries is not None:
             for s in list(entries.irange(maximum=seq)):
@@ -346,7 +350,7 @@ class PostgresStore:
         """The overlay of a destination, enough of it for `want` messages after `after_seq`."""
         with self._lock:
             removed = set(self._removed.get(destination, ()))
-            floor = self._floors.get(destination, (0, None))[0]
+            floor = max((seq for seq, _ in self._floors.get(destination, ())), default=0)
             entries = self._adds.get(destination)
             shown: list[Shown] = []
             if entries:

@@ -42,6 +42,8 @@ from sluice.store.postgres.schema import CHUNK_BYTES, chunks_of, encode_headers
 log = logging.getLogger(__name__)
 
 MAX_BATCH_OPS = 4096
+# A batch stops growing past this many bytes of messages (it holds at least one op).
+MAX_BATCH_BYTES = 16 * 1024 * 1024
 STOP_TIMEOUT_S = 10.0
 
 
@@ -94,7 +96,9 @@ class Op:
 
 
 class _Statements:
-    """SQL statements in order; runs of one statement go as one `executemany`."""
+    """SQL statements in order. A run of one statement goes as one statement over arrays when
+    it has a bulk form (`_BULK`: the rows' columns as arrays, `unnest`ed by the server: one
+    execution for the run), or else as one `executemany`."""
 
     def __init__(self) -> None:
         self.groups: list[tuple[str, list[Sequence[Any]]]] = []
@@ -109,6 +113,15 @@ class _Statements:
         for query, rows in self.groups:
             if len(rows) == 1:
                 cur.execute(query, rows[0])
+            elif query is _REMOVE:
+                # By destination, so each delete is one scan of the (dest_id, seq) index.
+                seqs: dict[int, list[int]] = {}
+                for dest_id, seq in rows:
+                    seqs.setdefault(dest_id, []).append(seq)
+                for dest_id, dest_seqs in seqs.items():
+                    cur.execute(_REMOVE_MANY, (dest_id, dest_seqs))
+            elif query in _BULK:
+                cur.execute(_BULK[query], [list(column) for column in zip(*rows, strict=True)])
             else:
                 cur.executemany(query, rows)
 
@@ -123,16 +136,36 @@ _INSERT_MSG = (
 _INSERT_CHUNK = "INSERT INTO message_chunks (message, n, data) VALUES (%s, %s, %s)"
 _INSERT_DEDUP = "INSERT INTO dedup_ids (dest_id, pos, dedup_id) VALUES (%s, %s, %s)"
 _TRIM_DEDUP = "DELETE FROM dedup_ids WHERE dest_id = %s AND pos < %s"
-_REMOVE = "DELETE FROM messages WHERE dest_id = %s AND seq = %s"
-_REMOVE_RANGE = "DELETE FROM messages WHERE dest_id = %s AND seq <= %s"
+# Deleting messages deletes their chunks in the same statement (the chunks of those that have
+# any, found through the primary keys: never a scan of either table).
+_REMOVE = (
+    "WITH gone AS (DELETE FROM messages WHERE dest_id = %s AND seq = %s RETURNING id, chunks) "
+    "DELETE FROM message_chunks WHERE message = ANY(ARRAY(SELECT id FROM gone WHERE chunks > 0))"
+)
+_REMOVE_MANY = (
+    "WITH gone AS (DELETE FROM messages WHERE dest_id = %s AND seq = ANY(%s::bigint[]) "
+    "RETURNING id, chunks) "
+    "DELETE FROM message_chunks WHERE message = ANY(ARRAY(SELECT id FROM gone WHERE chunks > 0))"
+)
+_REMOVE_RANGE = (
+    "WITH gone AS (DELETE FROM messages WHERE dest_id = %s AND seq <= %s RETURNING id, chunks) "
+    "DELETE FROM message_chunks WHERE message = ANY(ARRAY(SELECT id FROM gone WHERE chunks > 0))"
+)
 _COMMIT_TX = (
     "UPDATE messages SET seq = v.seq, txno = NULL "
     "FROM unnest(%s::bigint[], %s::bigint[]) AS v (id, seq) WHERE messages.id = v.id"
 )
-_ABORT_TX = "DELETE FROM messages WHERE txno = %s"
+_ABORT_TX = (
+    "WITH gone AS (DELETE FROM messages WHERE txno = %s RETURNING id, chunks) "
+    "DELETE FROM message_chunks WHERE message = ANY(ARRAY(SELECT id FROM gone WHERE chunks > 0))"
+)
 _MARK = "UPDATE destinations SET dispatch_mark = %s WHERE id = %s"
 _LAST_SEQ = "UPDATE destinations SET last_seq = %s WHERE id = %s"
-_DELETE_DEST_MSGS = "DELETE FROM messages WHERE dest_id = %s AND seq IS NOT NULL"
+_DELETE_DEST_MSGS = (
+    "WITH gone AS (DELETE FROM messages WHERE dest_id = %s AND seq IS NOT NULL "
+    "RETURNING id, chunks) "
+    "DELETE FROM message_chunks WHERE message = ANY(ARRAY(SELECT id FROM gone WHERE chunks > 0))"
+)
 _DELETE_DEST_DEDUP = "DELETE FROM dedup_ids WHERE dest_id = %s"
 _DELETE_DEST = "UPDATE destinations SET live = false, last_seq = 0, dispatch_mark = 0 WHERE id = %s"
 _SUB_PUT = (
@@ -141,6 +174,24 @@ _SUB_PUT = (
     "destination = excluded.destination, selector = excluded.selector, cursor = excluded.cursor"
 )
 _SUB_DELETE = "DELETE FROM subscriptions WHERE client_id = %s AND name = %s"
+# Runs of these statements as one statement over arrays of their parameters.
+_BULK = {
+    _INSERT_MSG: (
+        "INSERT INTO messages (id, dest_id, seq, txno, message_id, timestamp_ms, expires_ms, "
+        "priority, persistent, size, headers, body, chunks) SELECT * FROM unnest("
+        "%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::bigint[], "
+        "%s::bigint[], %s::smallint[], %s::boolean[], %s::bigint[], %s::bytea[], %s::bytea[], "
+        "%s::integer[])"
+    ),
+    _INSERT_CHUNK: (
+        "INSERT INTO message_chunks (message, n, data) "
+        "SELECT * FROM unnest(%s::bigint[], %s::integer[], %s::bytea[])"
+    ),
+    _INSERT_DEDUP: (
+        "INSERT INTO dedup_ids (dest_id, pos, dedup_id) "
+        "SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::text[])"
+    ),
+}
 _ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off"
 _SUB_CURSOR = "UPDATE subscriptions SET cursor = %s WHERE client_id = %s AND name = %s"
 
@@ -282,7 +333,7 @@ class Writer:
         batch: list[Op] = []
         nbytes = 0
         queue = self.queue
-        while queue and len(batch) < MAX_BATCH_OPS:
+        while queue and len(batch) < MAX_BATCH_OPS and (not batch or nbytes < MAX_BATCH_BYTES):
             op = queue.popleft()
             batch.append(op)
             nbytes += op.nbytes
