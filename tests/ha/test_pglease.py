@@ -208,3 +208,59 @@ def test_a_lost_database_is_a_lost_lease_not_a_hang(schema: str) -> None:
         assert time.monotonic() - started < lease_s * 2
     finally:
         server.destroy()
+
+
+def test_a_master_frozen_inside_a_batch_does_not_keep_the_lease_from_a_new_master(
+    pg_server: PgServer, schema: str, leases: list[PgLease]
+) -> None:
+    """A batch holds the lease's row locked from its fence to its COMMIT. A master frozen in
+    between (here: its writer held before the COMMIT) past its lease has that session ended by
+    the broker taking over, and the frozen batch never commits."""
+    lease_s = 1.0
+    master = _lease(leases, pg_server.url(), schema, lease_s, Lost())
+    assert master.acquire() == 1
+    done: list[WriteHandle] = []
+    store = PostgresStore(pg_server.url(), schema=schema, fence=master)
+    store.open(done.extend)
+    writer = store._writer
+    assert writer is not None
+    real_commit = writer.conn.commit
+    held, release = threading.Event(), threading.Event()
+
+    def frozen_commit() -> None:
+        held.set()
+        release.wait(60)
+        real_commit()
+
+    writer.conn.commit = frozen_commit  # type: ignore[method-assign]
+    try:
+        handle = store.add(StoredMessage(Q, 1, "m1", 1, {}, b"body"), None)
+        assert held.wait(30)
+        with psycopg.connect(pg_server.url(), autocommit=True) as conn:
+            wait_until(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                        "WHERE c.relname = 'ha_lease' AND l.mode = 'RowShareLock' AND l.granted"
+                    ).fetchone()
+                    == (1,)
+                ),
+                timeout=10,
+                what="the frozen batch's lock on the lease's row",
+            )
+        slave = _lease(leases, pg_server.url(), schema, lease_s)
+        started = time.monotonic()
+        assert slave.acquire() == 2
+        assert time.monotonic() - started < lease_s + 3
+        release.set()
+        wait_until(lambda: handle in done, timeout=30)
+        assert handle.state is WriteState.FAILED
+    finally:
+        release.set()
+        store.close()
+    reopened = PostgresStore(pg_server.url(), schema=schema)
+    reopened.open(lambda _handles: None)
+    try:
+        assert reopened.load(Q, 0, 10, 1 << 20) == []
+    finally:
+        reopened.close()

@@ -152,6 +152,14 @@ class PgLease:
         self._release_sql = sql.SQL(
             "UPDATE {} SET released = true WHERE name = %s AND holder = %s AND epoch = %s"
         ).format(table)
+        self._end_stalled_sql = sql.SQL(
+            "SELECT pg_terminate_backend(l.pid) FROM pg_locks l "
+            "JOIN pg_class c ON c.oid = l.relation "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = 'ha_lease' AND l.mode = 'RowShareLock' "
+            "AND l.granted AND l.pid <> pg_backend_pid() "
+            "AND EXISTS (SELECT 1 FROM {} WHERE name = %s AND expires_at < clock_timestamp())"
+        ).format(table)
         self._show_sql = sql.SQL(
             "SELECT holder, epoch, expires_at - clock_timestamp() FROM {} WHERE name = %s"
         ).format(table)
@@ -167,6 +175,7 @@ class PgLease:
         return self._epoch
 
     message = FENCE_MESSAGE
+
     # The database fences every write batch itself: a previous holder that wakes cannot commit.
     previous_may_be_alive = False
 
@@ -228,6 +237,9 @@ class PgLease:
                         shown[1],
                         shown[2],
                     )
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+                # A batch of the holder's holds the row (its fence) and has not committed.
+                self._end_stalled_batches()
             except psycopg.Error as exc:
                 log.warning("cannot reach the lease's database (trying again): %s", exc)
                 self._drop_connection()
@@ -235,6 +247,24 @@ class PgLease:
                 return None
             stop_event.wait(poll_s)
         return None
+
+    def _end_stalled_batches(self) -> None:
+        """The takeover waited in vain for a batch of the holder, which locks the lease's row
+        from its fence to its COMMIT: a holder frozen in between (SIGSTOP, a paused VM) would keep
+        every broker out for as long as it is frozen. Once the lease has expired by the
+        database's clock, that holder may no longer commit anything, so its sessions that hold
+        the row are ended (their transactions roll back) and the next try takes the lease."""
+        conn = self._connection()
+        ended = conn.execute(self._end_stalled_sql, (self.schema, self.name)).fetchall()
+        if ended:
+            log.warning(
+                "the lease %s has expired, but a batch of its holder kept it locked: ended %d "
+                "session(s) of that holder (their uncommitted writes roll back)",
+                self.name,
+                len(ended),
+            )
+        else:
+            log.info("the lease %s is locked by a write of its holder (trying again)", self.name)
 
     # -- holding it ------------------------------------------------------------------------------
 
