@@ -1070,6 +1070,50 @@ def test_fixed_seed_stays_fixed(seed: int, events: list[str], check: str, sympto
     assert result.failure is None, f"{symptom}: {result.failure}"
 
 
+# Store bugs found and not fixed yet: (seed, shrunk events, check, symptom), each a strict xfail.
+OPEN_FAILING_CASES = [
+    (
+        2617634439,
+        [
+            "send#8 d=1 n=3 size=482 pick=0.868 opt=1",
+            "send-ack#28 d=2 n=1 size=5620 pick=0.217 opt=2",
+            "send-ack#29 n=1 size=172 pick=0.888 opt=2",
+            "stream#30 d=1 n=3 size=4114",
+            "tx-ack#35 pick=0.306",
+            "send#37 d=3 n=3 size=2379 pick=0.605",
+            "delete-dest#38 pick=0.001",
+            "send#39 d=2 n=1 size=3626 pick=0.701",
+            "send#40 n=2 size=351 pick=0.778 opt=2",
+            "tx-commit#44",
+            "ack#46 d=1 n=2 pick=0.555",
+            "ack#48 n=2 pick=0.29",
+            "gc#49",
+            "rebuild#61",
+            "send#62 d=1 n=2 size=5267 pick=0.771 opt=2",
+        ],
+        "disk",
+        "after a compaction and a rebuild-index, three data files stay after everything was "
+        "drained and collected three times (found by a random run; it fails at b01e6ed too)",
+    ),
+]
+
+
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="store bugs not fixed yet (OPEN_FAILING_CASES)"
+)
+@pytest.mark.parametrize(
+    ("seed", "events", "check", "symptom"),
+    OPEN_FAILING_CASES,
+    ids=[f"seed-{case[0]}" for case in OPEN_FAILING_CASES],
+)
+def test_open_store_bug(seed: int, events: list[str], check: str, symptom: str) -> None:
+    """A seed that fails on a store bug not fixed yet: once fixed, move it to
+    FIXED_FAILING_CASES."""
+    life = generate(seed)
+    result = run_life(StoreKind.JOURNAL, life, [Event.parse(e) for e in events], known=frozenset())
+    assert result.failure is None, f"{check}: {symptom}: {result.failure}"
+
+
 def test_a_rebuild_keeps_a_remove_that_opens_a_file(tmp_path: Path) -> None:
     """Found by the simulation (seed 502 before the disk-full rework), reproduced directly: a
     data file whose first record is a REMOVE loses its dependency on the file of the ADD when
