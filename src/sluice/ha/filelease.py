@@ -29,8 +29,6 @@ import errno
 import fcntl
 import logging
 import os
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,7 +36,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sluice.errors import FencedError, LeaseError
-from sluice.ha.lease import MAX_LEASE_FILE_BYTES, Lease, LeaseRecord
+from sluice.ha.lease import (
+    FENCE_FRACTION,
+    MAX_LEASE_FILE_BYTES,
+    RENEWALS_PER_LEASE,
+    HeldLease,
+    Lease,
+    LeaseRecord,
+)
 
 __all__ = ["FENCE_FRACTION", "LEASE_NAME", "LOCK_NAME", "FileLease"]
 
@@ -47,19 +52,13 @@ log = logging.getLogger(__name__)
 LOCK_NAME = "ha.lock"
 LEASE_NAME = "ha.lease"
 TAKEOVER_NAME = "ha.takeover.lock"
-# The master renews this many times per lease time.
-RENEWALS_PER_LEASE = 3
-# The master writes only until this fraction of the lease time after its last renewal began: a
-# waiting broker takes over a full lease time after it last saw the record change, so the
-# difference is the margin for clocks running at slightly different rates.
-FENCE_FRACTION = 0.75
 # A waiting broker looks at the lock and the lease this often at most.
 MAX_POLL_S = 0.25
 # How long one read-check-write waits for the takeover lock before it gives up this round.
 TAKEOVER_WAIT_S = 1.0
 
 
-class FileLease:
+class FileLease(HeldLease):
     """The lease on `directory`, valid `lease_s` unrenewed. `on_lost(reason)` is called once,
     from whichever thread finds the lease lost (the broker exits there); `holder` names this
     process in the lease file (host, pid and a random token by default)."""
@@ -72,24 +71,11 @@ class FileLease:
         on_lost: Callable[[str], None] | None = None,
         holder: str | None = None,
     ) -> None:
-        if lease_s <= 0:
-            raise LeaseError(f"lease_s must be positive (got {lease_s})")
+        super().__init__(lease_s, on_lost=on_lost, holder=holder)
         self.directory = directory
-        self.lease_s = lease_s
-        self.host = socket.gethostname()
-        self.pid = os.getpid()
-        self.holder = holder or f"{self.host}:{self.pid}:{secrets.token_hex(4)}"
-        self._on_lost = on_lost
-        self._epoch = 0
         self._renewals = 0
-        # Monotonic time until which writes are allowed (-inf: not held).
-        self._valid_until = float("-inf")
-        self._lost: str | None = None
-        self._lost_lock = threading.Lock()
         self._lock_fd: int | None = None
         self._has_os_lock = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         # What took the lease over from whom, for the log line and the tests; whether that
         # holder may still be alive (it stopped renewing, but nothing says its process ended:
         # frozen, or on another machine), so that the store cuts it off before it opens.
@@ -102,9 +88,9 @@ class FileLease:
         return self.directory / LEASE_NAME
 
     @property
-    def epoch(self) -> int:
-        """The epoch this process holds (0 before `acquire`)."""
-        return self._epoch
+    def where(self) -> str:
+        """The lease as messages name it."""
+        return f"on {self.directory}"
 
     @property
     def has_os_lock(self) -> bool:
@@ -206,30 +192,14 @@ class FileLease:
 
     # -- holding it ------------------------------------------------------------------------------
 
-    def start_renewing(self) -> None:
-        """Renew every `lease_s / 3` on a thread of its own until `release` (or the loss)."""
-        if self._epoch == 0:
-            raise LeaseError("the lease is not held")
-        self._thread = threading.Thread(target=self._renew_loop, name="sluice-lease", daemon=True)
-        self._thread.start()
-
-    def _renew_loop(self) -> None:
-        interval_s = self.lease_s / RENEWALS_PER_LEASE
-        while not self._stop.wait(interval_s):
-            if self._lost is not None:
-                return
-            if time.monotonic() >= self._valid_until:
-                self._lose(f"it was not renewed within {self.lease_s * FENCE_FRACTION:g} s")
-                return
-            try:
-                self.renew()
-            except FencedError:
-                return
-            except (OSError, LeaseError) as exc:
-                # Tried again next round; the fence ends writes if it never succeeds.
-                log.warning("renewing the lease on %s failed: %s", self.directory, exc)
-            if not self._has_os_lock:
-                self._try_os_lock()
+    def _renew_round(self) -> None:
+        try:
+            self.renew()
+        except (OSError, LeaseError) as exc:
+            # Tried again next round; the fence ends writes if it never succeeds.
+            log.warning("renewing the lease on %s failed: %s", self.directory, exc)
+        if not self._has_os_lock:
+            self._try_os_lock()
 
     def renew(self) -> None:
         """Re-read the lease and, if it is still this process's, write it renewed. Raises
@@ -247,39 +217,12 @@ class FileLease:
                 raise FencedError(f"the lease on {self.directory} was taken over")
             self._renewals += 1
             self._write(self._record(self._epoch))
-        if self._lost is None:
-            self._valid_until = started + self.lease_s * FENCE_FRACTION
-
-    def is_held(self) -> bool:
-        """Whether the lease is held and valid now."""
-        return self._lost is None and time.monotonic() < self._valid_until
-
-    def check(self) -> None:
-        """The fence (`sluice.store.api.Fence`): return while the lease is valid by this
-        process's clock, else call `on_lost` (once) and raise `FencedError`."""
-        if self._lost is None and time.monotonic() < self._valid_until:
-            return
-        if self._lost is None and self._epoch:
-            self._lose(f"it was not renewed within {self.lease_s * FENCE_FRACTION:g} s")
-        raise FencedError(f"this broker does not hold the lease on {self.directory}")
-
-    def _lose(self, reason: str) -> None:
-        with self._lost_lock:
-            if self._lost is not None:
-                return
-            self._lost = reason
-            self._valid_until = float("-inf")
-        log.critical("lost the lease on %s at epoch %d: %s", self.directory, self._epoch, reason)
-        if self._on_lost is not None:
-            self._on_lost(reason)
+        self._renewed(started)
 
     def release(self) -> None:
         """Stop renewing; mark the lease released (when still this process's) so that a waiting
         broker takes it at once; free the OS lock."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(self.lease_s)
+        self._stop_renewing()
         if self._epoch and self._lost is None:
             try:
                 with self._takeover_lock() as locked:

@@ -10,12 +10,35 @@ still valid by its own clock with a margin, so it stops writing before anyone co
 from __future__ import annotations
 
 import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol, TypeVar
 
-from sluice.errors import LeaseError
+from sluice.errors import FencedError, LeaseError
 
-__all__ = ["MAX_LEASE_FILE_BYTES", "Lease", "LeaseRecord"]
+__all__ = [
+    "FENCE_FRACTION",
+    "MAX_LEASE_FILE_BYTES",
+    "RENEWALS_PER_LEASE",
+    "HeldLease",
+    "Lease",
+    "LeaseRecord",
+]
+
+log = logging.getLogger(__name__)
+
+# The master renews this many times per lease time.
+RENEWALS_PER_LEASE = 3
+# The master writes only until this fraction of the lease time after its last renewal began: a
+# waiting broker takes over a full lease time after it last saw the lease unrenewed, so the
+# difference is the margin for clocks running at slightly different rates.
+FENCE_FRACTION = 0.75
 
 # A lease file is a few hundred bytes; anything longer is not one, and is not read further.
 MAX_LEASE_FILE_BYTES = 4096
@@ -133,3 +156,104 @@ def _number(raw: dict[str, object], name: str) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise KeyError(f"{name} missing or of the wrong type")
     return float(value)
+
+
+class HeldLease:
+    """What every kind of lease does once taken: renew it on a thread every `lease_s / 3`, the
+    fence on this process's clock (`check`), and the loss, told once to `on_lost(reason)` from
+    whichever thread finds it. A kind of lease gives `acquire`, `release`, `where` (how messages
+    name it) and `_renew_round` (one renewal: `FencedError` once another broker holds the lease,
+    its own failures logged and left to the fence)."""
+
+    thread_name = "sluice-lease"
+
+    def __init__(
+        self,
+        lease_s: float,
+        *,
+        on_lost: Callable[[str], None] | None = None,
+        holder: str | None = None,
+    ) -> None:
+        if lease_s <= 0:
+            raise LeaseError(f"lease_s must be positive (got {lease_s})")
+        self.lease_s = lease_s
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.holder = holder or f"{self.host}:{self.pid}:{secrets.token_hex(4)}"
+        self._on_lost = on_lost
+        self._epoch = 0
+        # Monotonic time until which writes are allowed (-inf: not held).
+        self._valid_until = float("-inf")
+        self._lost: str | None = None
+        self._lost_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def where(self) -> str:
+        """The lease as messages name it."""
+        raise NotImplementedError
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this process holds (0 before `acquire`)."""
+        return self._epoch
+
+    def start_renewing(self) -> None:
+        """Renew every `lease_s / 3` on a thread of its own until `release` (or the loss)."""
+        if self._epoch == 0:
+            raise LeaseError("the lease is not held")
+        self._thread = threading.Thread(target=self._renew_loop, name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def _renew_loop(self) -> None:
+        interval_s = self.lease_s / RENEWALS_PER_LEASE
+        while not self._stop.wait(interval_s):
+            if self._lost is not None:
+                return
+            if time.monotonic() >= self._valid_until:
+                self._lose(f"it was not renewed within {self.lease_s * FENCE_FRACTION:g} s")
+                return
+            try:
+                self._renew_round()
+            except FencedError:
+                return
+
+    def _renew_round(self) -> None:
+        raise NotImplementedError
+
+    def _renewed(self, started: float) -> None:
+        """A renewal begun at `started` (monotonic) succeeded: writes are allowed until
+        `FENCE_FRACTION` of the lease after it."""
+        if self._lost is None:
+            self._valid_until = started + self.lease_s * FENCE_FRACTION
+
+    def is_held(self) -> bool:
+        """Whether the lease is held and valid now."""
+        return self._lost is None and time.monotonic() < self._valid_until
+
+    def check(self) -> None:
+        """The fence (`sluice.store.api.Fence`): return while the lease is valid by this
+        process's clock, else call `on_lost` (once) and raise `FencedError`."""
+        if self._lost is None and time.monotonic() < self._valid_until:
+            return
+        if self._lost is None and self._epoch:
+            self._lose(f"it was not renewed within {self.lease_s * FENCE_FRACTION:g} s")
+        raise FencedError(f"this broker does not hold the lease {self.where}")
+
+    def _lose(self, reason: str) -> None:
+        with self._lost_lock:
+            if self._lost is not None:
+                return
+            self._lost = reason
+            self._valid_until = float("-inf")
+        log.critical("lost the lease %s at epoch %d: %s", self.where, self._epoch, reason)
+        if self._on_lost is not None:
+            self._on_lost(reason)
+
+    def _stop_renewing(self) -> None:
+        """End the renewing thread (not waiting for itself), for `release`."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.lease_s)

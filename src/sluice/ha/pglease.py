@@ -26,9 +26,6 @@ disagree still agree on when a lease expired.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -37,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from sluice.errors import FencedError, LeaseError
-from sluice.ha.filelease import FENCE_FRACTION, RENEWALS_PER_LEASE
+from sluice.errors import FencedError
+from sluice.ha.lease import FENCE_FRACTION, RENEWALS_PER_LEASE, HeldLease
 
 if TYPE_CHECKING:
     from sluice.ha.lease import Lease
@@ -102,7 +99,7 @@ def ensure_schema(conn: psycopg.Connection[Any], schema: str) -> None:
     )
 
 
-class PgLease:
+class PgLease(HeldLease):
     """The lease named `name` in `schema` of the database at `url`, valid `lease_s` unrenewed.
     `on_lost(reason)` is called once, from whichever thread finds the lease lost (the broker
     exits there)."""
@@ -117,22 +114,10 @@ class PgLease:
         on_lost: Callable[[str], None] | None = None,
         holder: str | None = None,
     ) -> None:
-        if lease_s <= 0:
-            raise LeaseError(f"lease_s must be positive (got {lease_s})")
+        super().__init__(lease_s, on_lost=on_lost, holder=holder)
         self.url = url
-        self.lease_s = lease_s
         self.schema = schema
         self.name = name
-        self.host = socket.gethostname()
-        self.pid = os.getpid()
-        self.holder = holder or f"{self.host}:{self.pid}:{secrets.token_hex(4)}"
-        self._on_lost = on_lost
-        self._epoch = 0
-        self._valid_until = float("-inf")
-        self._lost: str | None = None
-        self._lost_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
         table = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(_TABLE))
         self._insert = sql.SQL(
@@ -169,10 +154,12 @@ class PgLease:
             .as_string(None)
         )
 
+    thread_name = "sluice-pg-lease"
+
     @property
-    def epoch(self) -> int:
-        """The epoch this process holds (0 before `acquire`)."""
-        return self._epoch
+    def where(self) -> str:
+        """The lease as messages name it."""
+        return self.name
 
     message = FENCE_MESSAGE
 
@@ -268,31 +255,13 @@ class PgLease:
 
     # -- holding it ------------------------------------------------------------------------------
 
-    def start_renewing(self) -> None:
-        """Renew every `lease_s / 3` on a thread of its own until `release` (or the loss)."""
-        if self._epoch == 0:
-            raise LeaseError("the lease is not held")
-        self._thread = threading.Thread(
-            target=self._renew_loop, name="sluice-pg-lease", daemon=True
-        )
-        self._thread.start()
-
-    def _renew_loop(self) -> None:
-        interval_s = self.lease_s / RENEWALS_PER_LEASE
-        while not self._stop.wait(interval_s):
-            if self._lost is not None:
-                return
-            if time.monotonic() >= self._valid_until:
-                self._lose(f"it was not renewed within {self.lease_s * FENCE_FRACTION:g} s")
-                return
-            try:
-                self.renew()
-            except FencedError:
-                return
-            except psycopg.Error as exc:
-                # Tried again next round on a new connection; the fence ends writes meanwhile.
-                log.warning("renewing the lease %s failed: %s", self.name, exc)
-                self._drop_connection()
+    def _renew_round(self) -> None:
+        try:
+            self.renew()
+        except psycopg.Error as exc:
+            # Tried again next round on a new connection; the fence ends writes meanwhile.
+            log.warning("renewing the lease %s failed: %s", self.name, exc)
+            self._drop_connection()
 
     def renew(self) -> None:
         """Renew the lease in the database. Raises `FencedError` (after `on_lost`) when it is
@@ -306,39 +275,12 @@ class PgLease:
         if row is None:
             self._lose("the database shows another holder or epoch")
             raise FencedError(f"the lease {self.name} was taken over")
-        if self._lost is None:
-            self._valid_until = started + self.lease_s * FENCE_FRACTION
-
-    def is_held(self) -> bool:
-        """Whether the lease is held and valid now."""
-        return self._lost is None and time.monotonic() < self._valid_until
-
-    def check(self) -> None:
-        """The fence (`sluice.store.api.Fence`): return while the lease is valid by this
-        process's clock, else call `on_lost` (once) and raise `FencedError`."""
-        if self._lost is None and time.monotonic() < self._valid_until:
-            return
-        if self._lost is None and self._epoch:
-            self._lose(f"it was not renewed within {self.lease_s * FENCE_FRACTION:g} s")
-        raise FencedError(f"this broker does not hold the lease {self.name}")
-
-    def _lose(self, reason: str) -> None:
-        with self._lost_lock:
-            if self._lost is not None:
-                return
-            self._lost = reason
-            self._valid_until = float("-inf")
-        log.critical("lost the lease %s at epoch %d: %s", self.name, self._epoch, reason)
-        if self._on_lost is not None:
-            self._on_lost(reason)
+        self._renewed(started)
 
     def release(self) -> None:
         """Stop renewing, and mark the lease released (when still this process's) so that a
         waiting broker takes it at once."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(self.lease_s)
+        self._stop_renewing()
         if self._epoch and self._lost is None:
             try:
                 self._connection().execute(self._release_sql, (self.name, self.holder, self._epoch))
