@@ -67,20 +67,21 @@ class BrokerProcess:
         self.wait_log(_LISTENING.pattern, timeout)
         return self.port
 
-    def wait_log(self, pattern: str, timeout: float | None = 30.0) -> str:
-        """Wait for a stderr line matching the regular expression `pattern`; return the line.
-        Raises RuntimeError if the broker exits first, TimeoutError after `timeout`."""
+    def wait_log(self, pattern: str, timeout: float | None = 30.0, *, nth: int = 1) -> str:
+        """Wait for the `nth` stderr line matching the regular expression `pattern`; return the
+        line. Raises RuntimeError if the broker exits first, TimeoutError after `timeout`."""
         regex = re.compile(pattern)
+
+        def matching() -> list[str]:
+            return [line for line in self.stderr_lines if regex.search(line)]
+
         with self._lines_changed:
             ok = self._lines_changed.wait_for(
-                lambda: (
-                    any(regex.search(line) for line in self.stderr_lines) or self._stderr_closed
-                ),
-                timeout,
+                lambda: len(matching()) >= nth or self._stderr_closed, timeout
             )
-            for line in self.stderr_lines:
-                if regex.search(line):
-                    return line
+            found = matching()
+            if len(found) >= nth:
+                return found[nth - 1]
         if not ok:
             raise TimeoutError(f"no line matching {pattern!r} in {timeout} s:\n{self.log_text}")
         raise RuntimeError(f"broker exited before {pattern!r}:\n{self.log_text}")

@@ -107,6 +107,12 @@ class StoreFullError(StoreError, LimitExceeded):
         self.offset = None
 
 
+class StoreOfflineError(StoreError):
+    """The store cannot be reached for now (its database is restarting, or its connection was
+    lost and is being made again): nothing was read or written by the call, which may be tried
+    again later."""
+
+
 class FencedError(StoreError):
     """This broker no longer holds the lease on its store (another broker took it over, or it
     could not renew it in time): it must write nothing more, and stops serving."""

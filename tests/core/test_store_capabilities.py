@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from sluice.config import MiB, StoreConfig
-from sluice.store.api import StoreCapabilities
+from sluice.core.connection import SubscribeOptions
+from sluice.core.destination import STORE_RETRY_S
+from sluice.core.message import AckMode
+from sluice.errors import StoreOfflineError
+from sluice.store.api import StoreCapabilities, StoredMessage
 from sluice.store.journal.store import JournalStore
 from sluice.store.memory import MemoryStore
 from sluice.store.postgres.store import PostgresStore
@@ -40,3 +44,41 @@ def test_the_broker_pages_to_a_store_that_declares_it(pages: bool) -> None:
     assert harness.broker.store_pages is pages
     with pytest.raises(dataclasses.FrozenInstanceError):
         store.capabilities.pages_to_disk = not pages  # type: ignore[misc]
+
+
+class _OfflineStore(MemoryStore):
+    """A store whose reads fail while `offline` (a database restarting under it)."""
+
+    offline = False
+
+    def load(
+        self, destination: str, after_seq: int, max_count: int, max_bytes: int
+    ) -> list[StoredMessage]:
+        if self.offline:
+            raise StoreOfflineError("postgres: no read connection (connecting again)")
+        return super().load(destination, after_seq, max_count, max_bytes)
+
+
+def test_a_dispatch_pass_the_store_cannot_serve_runs_again_later() -> None:
+    store = _OfflineStore()
+    store.capabilities = dataclasses.replace(store.capabilities, pages_to_disk=True)
+    before = Harness(store)
+    producer, _ = before.connect()
+    for n in range(3):
+        before.send(producer, "/queue/q", f"m{n}".encode(), persistent=True)
+    store.offline = True
+    h = Harness(store)  # started again: the three wait in the store, to be read back
+    consumer, link = h.connect()
+    consumer.subscribe("s", "/queue/q", AckMode.CLIENT_INDIVIDUAL, SubscribeOptions(prefetch=10))
+    h.loop.run()
+    assert link.bodies() == []
+    retries = h.broker.counters["store_read_retries"]
+    assert retries >= 1
+    assert STORE_RETRY_S in {timer.delay for timer in h.loop.timers}
+    h.loop.fire_timers()  # still offline: tried again, and again later
+    assert link.bodies() == []
+    assert h.broker.counters["store_read_retries"] > retries
+    store.offline = False
+    h.loop.fire_timers()
+    assert link.bodies() == [b"m0", b"m1", b"m2"]
+    assert STORE_RETRY_S not in {timer.delay for timer in h.loop.timers}

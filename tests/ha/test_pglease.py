@@ -210,6 +210,49 @@ def test_a_lost_database_is_a_lost_lease_not_a_hang(schema: str) -> None:
         server.destroy()
 
 
+def test_a_database_restart_shorter_than_the_fence_keeps_the_lease_and_the_writes(
+    schema: str,
+) -> None:
+    """The lease's connection and the store's writer both connect again: a master whose
+    database restarts (a clean stop and start, about a second) well within its fence keeps the
+    lease, and a write queued while the database was down is committed under it."""
+    server = PgServer()
+    lease_s = 8.0
+    lost = Lost()
+    done: list[WriteHandle] = []
+    arrived = threading.Condition()
+
+    def sink(handles: list[WriteHandle]) -> None:
+        with arrived:
+            done.extend(handles)
+            arrived.notify_all()
+
+    server.init()
+    server.start()
+    lease = PgLease(server.url(), lease_s, schema=schema, on_lost=lost)
+    try:
+        assert lease.acquire() == 1
+        lease.start_renewing()
+        store = PostgresStore(server.url(), schema=schema, fence=lease)
+        store.open(sink)
+        try:
+            server.stop("fast")
+            waiting = store.add(StoredMessage(Q, 1, "m1", 1, {}, b"while down"), None)
+            server.start()
+            with arrived:
+                assert arrived.wait_for(lambda: waiting in done, 30)
+            assert waiting.state is WriteState.WRITTEN
+            lease.check()
+            assert lost.reasons == []
+            assert [m.body for m in store.load(Q, 0, 10, 1 << 20)] == [b"while down"]
+        finally:
+            store.close()
+        assert _row(server, schema) == (lease.holder, 1, False)
+    finally:
+        lease.release()
+        server.destroy()
+
+
 def test_a_master_frozen_inside_a_batch_does_not_keep_the_lease_from_a_new_master(
     pg_server: PgServer, schema: str, leases: list[PgLease]
 ) -> None:

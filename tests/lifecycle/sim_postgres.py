@@ -5,8 +5,9 @@ Crashes of a PostgreSQL life (the `crash` event, on the event after it):
 - plain: once the event's step is done, the store is dropped without `close()` (the broker
   process is gone; its connections close, the server rolls back what was not committed);
 - `opt` torn bit: the writer's connection is terminated by the server (`pg_terminate_backend`)
-  while the step's batch waits for it, so the batch fails as a lost connection fails it (every
-  handle FAILED, in doubt), then the store is dropped;
+  while the step's batch waits for it: the writer connects again, finds the batch did not
+  commit, reads its state back from the database and writes the batch again; then the store is
+  dropped;
 - `opt` power bit: after dropping the store, the server itself crashes (`pg_ctl -m immediate`)
   and restarts, recovering from its WAL: everything committed must still be there.
 """

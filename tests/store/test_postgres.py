@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -15,12 +16,13 @@ import psycopg
 import pytest
 
 from brokerproc import BrokerProcess
+from ha.harness import QUEUE, Ledger, Load
 from pgserver import PgServer, fresh_schema
 from sluice import config as config_mod
 from sluice.client import Client
-from sluice.errors import ConfigError, StoreError
+from sluice.errors import ConfigError, StoreError, StoreOfflineError
 from sluice.store.api import WriteHandle, WriteState
-from sluice.store.postgres.schema import CHUNK_BYTES, SCHEMA_VERSION
+from sluice.store.postgres.schema import CHUNK_BYTES, SCHEMA_VERSION, encode_headers, migrate_to
 from sluice.store.postgres.store import PostgresStore
 from sluice.store.postgres.urls import safe_url
 
@@ -54,7 +56,10 @@ def test_schema_is_created_at_its_version_and_reopened_without_migrating(
     h: Harness, pg_server: PgServer, schema: str
 ) -> None:
     assert h.recovery is not None
-    assert h.recovery.report == [f"postgres: schema '{schema}' migrated from version 0 to 1"]
+    assert h.recovery.report == [
+        f"postgres: schema '{schema}' migrated from version {n} to {n + 1}"
+        for n in range(SCHEMA_VERSION)
+    ]
     assert _sql(pg_server, schema, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     tables = _sql(
         pg_server,
@@ -68,8 +73,35 @@ def test_schema_is_created_at_its_version_and_reopened_without_migrating(
         "messages",
         "schema_version",
         "subscriptions",
+        "writer_batch",
     ]
     assert h.reopen().report == []
+
+
+def test_a_schema_of_version_1_is_migrated_with_its_messages(
+    pg_server: PgServer, schema: str
+) -> None:
+    """Version 1 had no `writer_batch`: the migration adds it, and the messages stay."""
+    with psycopg.connect(pg_server.url()) as conn:
+        migrate_to(conn, schema, 1)
+        conn.execute(f"SET search_path TO {schema}")
+        conn.execute("INSERT INTO destinations VALUES (1, %s, true, 0, 0)", (Q,))
+        conn.execute(
+            "INSERT INTO messages (id, dest_id, seq, message_id, timestamp_ms, expires_ms, "
+            "priority, persistent, size, headers, body) "
+            "VALUES (1, 1, 1, 'id-1', 1000, 0, 4, true, 4, %s, 'kept')",
+            (encode_headers({}),),
+        )
+    h = Harness("postgres", lambda: PostgresStore(pg_server.url(), schema=schema))
+    recovery = h.open()
+    try:
+        assert recovery.report == [f"postgres: schema '{schema}' migrated from version 1 to 2"]
+        assert [m.body for m in h.s.load(Q, 0, 10, 1 << 20)] == [b"kept"]
+        h.track(h.s.add(msg(Q, 2), None))
+        h.settle()
+        assert _sql(pg_server, schema, "SELECT batch FROM writer_batch") == [(1,)]
+    finally:
+        h.close()
 
 
 def test_a_schema_from_a_newer_sluice_is_refused(
@@ -157,9 +189,11 @@ def test_a_crash_drops_unfinished_transactions_and_keeps_what_was_committed(
     assert [(d.name, d.last_seq, d.message_count) for d in recovery.destinations] == [(Q, 1, 1)]
 
 
-def test_a_server_crash_fails_the_store_and_a_reopen_has_every_committed_write(
-    h: Harness, pg_server: PgServer
+def test_without_reconnect_a_server_crash_fails_the_store_and_a_reopen_has_every_commit(
+    pg_server: PgServer, schema: str
 ) -> None:
+    h = Harness("postgres", lambda: PostgresStore(pg_server.url(), schema=schema, reconnect_s=0))
+    h.open()
     for seq in range(1, 6):
         h.track(h.s.add(msg(Q, seq), None))
     h.settle()
@@ -175,6 +209,98 @@ def test_a_server_crash_fails_the_store_and_a_reopen_has_every_committed_write(
     h.s.close()
     h.open()
     assert [m.seq for m in h.s.load(Q, 0, 100, 1 << 30)] == [1, 2, 3, 4, 5]
+    h.close()
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_writes_wait_while_the_server_is_down_and_are_written_once_it_is_back(
+    h: Harness, pg_server: PgServer, schema: str, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    for seq in range(1, 4):
+        h.track(h.s.add(msg(Q, seq), None))
+    h.settle()
+    # Waited for, so flushed: a crash of the server keeps it (a lazy one may come back).
+    h.track(h.s.remove(Q, 1, lambda handle: None))
+    h.settle()
+    pg_server.stop(mode)
+    try:
+        waiting = [h.s.add(msg(Q, seq, f"while down {seq}".encode()), None) for seq in (4, 5)]
+        acked = h.s.remove(Q, 2, None)
+        # Nothing completes while the server is down: the writer holds the batch.
+        with pytest.raises(AssertionError, match="not delivered in time"):
+            h.sink.wait([*waiting, acked], timeout=1.0)
+        assert all(not handle.done for handle in [*waiting, acked])
+        assert h.s.stats().unavailable
+        # A read of what is committed cannot be served; what is queued is not lost for it.
+        with pytest.raises(StoreOfflineError):
+            h.s.load(Q, 0, 10, 1 << 20)
+    finally:
+        pg_server.start()
+    h.sink.wait([*waiting, acked])
+    assert [handle.state for handle in [*waiting, acked]] == [WriteState.WRITTEN] * 3
+    assert "the batch in flight is written again" in caplog.text
+    stats = h.s.stats()
+    assert (stats.unavailable, stats.reconnects, stats.write_errors) == (False, 1, 0)
+    # Once the writer is connected again, the next read connects again too.
+    page = h.s.load(Q, 0, 10, 1 << 20)
+    assert [(m.seq, m.body) for m in page] == [
+        (3, b"body"),
+        (4, b"while down 4"),
+        (5, b"while down 5"),
+    ]
+    h.reopen()
+    assert [m.seq for m in h.s.load(Q, 0, 10, 1 << 20)] == [3, 4, 5]
+
+
+def test_a_commit_that_took_effect_without_an_answer_is_not_written_again(
+    h: Harness, pg_server: PgServer, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server commits the batch locally and then waits for a synchronous standby that does
+    not exist; the writer's backend is terminated before it answers. After connecting again
+    the writer finds the batch's number in `writer_batch` and does not write it a second time
+    (a second write would break the unique (dest_id, seq) key, failing the store)."""
+    h.track(h.s.add(msg(Q, 1), None))
+    h.settle()
+    store = h.s
+    assert isinstance(store, PostgresStore)
+    backend = store.writer_backend_pid
+    with psycopg.connect(pg_server.url(), autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+        admin.execute("SELECT pg_reload_conf()")
+        try:
+            admin.execute("SET synchronous_commit TO local")
+            # The postmaster reloads, then signals every backend; a backend reads the new
+            # setting between two protocol messages (the writer's before its COMMIT).
+            deadline = time.monotonic() + 20
+            while admin.execute("SHOW synchronous_standby_names").fetchone() != ("nobody",):
+                assert time.monotonic() < deadline, "the server never reloaded its settings"
+                time.sleep(0.05)  # polling the server's view of its settings
+            in_doubt = store.add(msg(Q, 2, b"committed, unanswered"), None)
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event = %s"
+            deadline = time.monotonic() + 20
+            while admin.execute(waiting, (backend, "SyncRep")).fetchone() != (1,):
+                assert time.monotonic() < deadline, (
+                    "the COMMIT never waited for the standby",
+                    in_doubt.state,
+                    admin.execute(
+                        "SELECT pid, state, wait_event, query FROM pg_stat_activity"
+                    ).fetchall(),
+                )
+                time.sleep(0.05)  # polling the server's view of its backend
+            # Before the standby setting goes: that would let the COMMIT answer.
+            admin.execute("SELECT pg_terminate_backend(%s, 10000)", (backend,))
+            h.sink.wait([in_doubt])
+        finally:
+            admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
+            admin.execute("SELECT pg_reload_conf()")
+    assert in_doubt.state is WriteState.WRITTEN
+    assert store.stats().reconnects == 1
+    assert "the batch in flight had committed" in caplog.text
+    after = h.track(store.add(msg(Q, 3), None))
+    h.settle()
+    assert after.state is WriteState.WRITTEN
+    assert [m.seq for m in store.load(Q, 0, 10, 1 << 20)] == [1, 2, 3]
+    assert _sql(pg_server, schema, "SELECT seq FROM messages ORDER BY seq") == [(1,), (2,), (3,)]
 
 
 def test_safe_url_never_shows_the_password() -> None:
@@ -249,6 +375,74 @@ def test_a_broker_on_postgres_keeps_receipted_messages_through_a_kill(
         assert asyncio.run(receive()) == [f"m{n}".encode() for n in range(50)]
         assert "s3cret" not in broker.log_text
     finally:
+        with contextlib.suppress(Exception):
+            broker.stop()
+    assert _sql(pg_server, schema, "SELECT count(*) FROM messages") == [(0,)]
+
+
+def test_a_broker_on_postgres_rides_through_server_restarts_under_load(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    """Three producers (each SEND waiting for its RECEIPT) and two consumers on a broker whose
+    PostgreSQL server stops, stays down for a while and starts again, twice (a clean stop, then
+    a crash): while it is down no RECEIPT comes, the clients stay connected, and afterwards
+    every receipted message is delivered, none twice unless flagged redelivered."""
+    schema = fresh_schema("restart")
+    config = f'[store]\nschema = "{schema}"\ndata_dir = "{tmp_path / "data"}"\n'
+    args = ("--store", "postgres", "--postgres-url", pg_server.url(), "--no-http")
+    broker = BrokerProcess(config, tmp_path, *args).start()
+    outages: list[tuple[float, float]] = []
+
+    async def scenario() -> Ledger:
+        load = Load(f"127.0.0.1:{broker.port}", producers=3, consumers=2)
+        try:
+            for nth, mode in enumerate(("fast", "immediate"), start=1):
+                await load.ledger.wait_receipted(len(load.ledger.receipted) + 200)
+                await asyncio.to_thread(pg_server.stop, mode)
+                await asyncio.to_thread(broker.wait_log, "writer lost its connection", nth=nth)
+                down_at = time.monotonic()
+                await asyncio.sleep(1.5)  # the outage: the server stays down this long
+                before = len(load.ledger.receipted)
+                await asyncio.to_thread(pg_server.start)
+                outages.append((down_at, time.monotonic()))
+                assert len(load.ledger.receipted) == before
+                await asyncio.to_thread(broker.wait_log, "writer is connected again", nth=nth)
+            await load.ledger.wait_receipted(len(load.ledger.receipted) + 200)
+            return await load.finish()
+        except BaseException:
+            await load.cancel()
+            raise
+
+    try:
+        ledger = asyncio.run(scenario())
+        ledger.check()
+        for down_at, up_at in outages:
+            # A RECEIPT of a batch committed just before the stop may still be on its way.
+            during = [at for at in ledger.receipted.values() if down_at + 0.2 < at < up_at]
+            assert not during, f"{len(during)} receipts while the server was down"
+        assert broker.proc is not None
+        assert broker.proc.poll() is None
+        assert broker.stop() == 0
+        # An ACK without a receipt commits without waiting for the WAL flush: the crash may
+        # have taken a few such removes, whose messages come back, flagged, never lost.
+        broker = BrokerProcess(config, tmp_path, *args).start()
+
+        async def drain() -> list[tuple[str, bool]]:
+            async with await Client.connect(f"127.0.0.1:{broker.port}") as client:
+                sub = await client.subscribe(QUEUE, ack="client-individual")
+                back = []
+                while (message := await sub.get(timeout=1.0)) is not None:
+                    back.append((message.text, message.redelivered))
+                    await client.ack(message, receipt=True)
+                return back
+
+        back = asyncio.run(drain())
+        print(f"came back after the crash: {back}")
+        assert {body for body, _ in back} <= ledger.deliveries.keys()
+        assert all(redelivered for _, redelivered in back)
+    finally:
+        if not pg_server.running:
+            pg_server.start()
         with contextlib.suppress(Exception):
             broker.stop()
     assert _sql(pg_server, schema, "SELECT count(*) FROM messages") == [(0,)]

@@ -224,6 +224,9 @@ class StoreConfig:
     # dataclass's repr: the URL may carry a password. `data_dir` then holds only the temp store.
     url: str = field(default="", repr=False)
     schema: str = "sluice"
+    # After losing its connection, how long the PostgreSQL store connects again while writes
+    # wait (producers pause as they pile up) before it fails; 0 fails it at once.
+    reconnect_s: float = 30.0
 
     @property
     def disk_reserve_bytes(self) -> int:
@@ -429,7 +432,7 @@ class Config:
             raise ConfigError(
                 f"store.sync_interval_ms must be positive (got {store.sync_interval_ms})"
             )
-        for name in ("max_bytes", "reserve_bytes"):
+        for name in ("max_bytes", "reserve_bytes", "reconnect_s"):
             if getattr(store, name) < 0:
                 raise ConfigError(f"store.{name} must not be negative (got {getattr(store, name)})")
         if 0 < store.reserve_bytes < store.journal_file_bytes:

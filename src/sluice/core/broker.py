@@ -180,6 +180,10 @@ class Broker(BrokerAdmin):
         """Run `callback` on the next turn of the loop."""
         self._loop.call_soon(callback)
 
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        """Run `callback` after `delay` seconds."""
+        self._loop.call_later(delay, callback)
+
     def now_ms(self) -> int:
         """Wall-clock milliseconds since the epoch."""
         return self._now_ms()

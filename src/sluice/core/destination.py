@@ -7,6 +7,7 @@ burst of frames read in one chunk is dispatched in one pass and written in one b
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
@@ -23,11 +24,16 @@ from sluice.core.views import (
     StreamView,
     Traffic,
 )
-from sluice.errors import RequestError
+from sluice.errors import RequestError, StoreOfflineError
 
 if TYPE_CHECKING:
     from sluice.core.subscription import Subscription
     from sluice.store.api import MessageStore, WriteHandle
+
+log = logging.getLogger(__name__)
+
+# A dispatch pass the store could not serve (`StoreOfflineError`) runs again after this long.
+STORE_RETRY_S = 0.5
 
 
 class Services(Protocol):
@@ -37,6 +43,10 @@ class Services(Protocol):
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         """Run `callback` on the next turn of the loop."""
+        ...
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        """Run `callback` after `delay` seconds."""
         ...
 
     def now_ms(self) -> int:
@@ -122,6 +132,7 @@ class Destination:
         self.open_streams = OpenStreams()
         self._scheduled = False
         self._stopped = False
+        self._store_unavailable = False
         self._dispatch_cb = self._run_dispatch
         # Open transactions holding messages for this destination (it must not be removed).
         self.pins = 0
@@ -152,8 +163,22 @@ class Destination:
 
     def _run_dispatch(self) -> None:
         self._scheduled = False
-        if not self._stopped:
+        if self._stopped:
+            return
+        try:
             self.dispatch()
+        except StoreOfflineError as exc:
+            # The store cannot be read for now (its database restarts): what the pass did
+            # stands, what it could not read stays in the store; the pass runs again later.
+            if not self._store_unavailable:
+                self._store_unavailable = True
+                log.warning("%s: the store cannot be read (%s); dispatch retries", self.name, exc)
+            self.services.count("store_read_retries")
+            self.services.call_later(STORE_RETRY_S, self.wakeup)
+            return
+        if self._store_unavailable:
+            self._store_unavailable = False
+            log.info("%s: the store can be read again", self.name)
 
     def dispatch(self) -> None:
         """Hand messages to subscriptions with credit."""

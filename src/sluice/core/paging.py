@@ -267,8 +267,10 @@ class QueuePaging(Destination):
             seq, delivery_count, size = entry
             if nbytes + size > max_bytes and not (one_anyway and not loaded):
                 break
-            evicted.pop_first(group_id)
+            # Read first: a store that cannot be read now (StoreOfflineError) leaves the
+            # message evicted, to be read on a later pass.
             item = self._load(seq, delivery_count)
+            evicted.pop_first(group_id)
             if item is not None:
                 loaded.append(item)
                 nbytes += size

@@ -251,6 +251,16 @@ class BrokerCollector(Collector):
             ("store_gc_archived_files", "Data files archived by GC", store_stats.gc_archived_files),
             ("store_compacted_files", "Data files compacted", store_stats.compacted_files),
             ("store_write_errors", "Failed store writes", stats.get("store_write_errors", 0)),
+            (
+                "store_reconnects",
+                "Connections to the store's database made again",
+                store_stats.reconnects,
+            ),
+            (
+                "store_read_retries",
+                "Dispatch passes retried: the store could not be read",
+                stats.get("store_read_retries", 0),
+            ),
         ):
             yield CounterMetricFamily(f"sluice_{name}", text, value)
         pauses = CounterMetricFamily(
@@ -279,6 +289,7 @@ class BrokerCollector(Collector):
             ("store_full", broker.store_disk.full),
             ("temp_full", broker.temp_disk.full),
             ("store_failed", broker.store_failed),
+            ("store_unavailable", broker.store.stats().unavailable),
         ):
             alarm.add_metric([name], int(raised))
         yield alarm

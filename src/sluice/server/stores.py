@@ -99,4 +99,5 @@ def _postgres_store(config: Config, fence: DatabaseFence | None) -> MessageStore
         dedup_window=config.limits.dedup_window,
         sync_acks=config.store.sync_acks,
         fence=fence,
+        reconnect_s=config.store.reconnect_s,
     )

@@ -249,6 +249,10 @@ class StoreStats:
     # cumulative; empty for a store that never synced), and their sum.
     sync_bucket_counts: tuple[int, ...] = ()
     sync_seconds_total: float = 0.0
+    # A store on a database server: its connection is lost and being made again (writes wait,
+    # reads fail with `StoreOfflineError`), and how many times it was made again.
+    unavailable: bool = False
+    reconnects: int = 0
 
 
 @dataclass(frozen=True)

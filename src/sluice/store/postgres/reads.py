@@ -10,7 +10,6 @@ writer committed meanwhile) is left out of the page.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,23 +44,6 @@ class Snapshot:
     shown: list[Shown]
     removed: set[int]
     floor: int
-
-
-class ReadConn:
-    """The read connection, held for one read; a database error becomes a StoreError."""
-
-    def __init__(self, lock: threading.Lock, conn: psycopg.Connection[Any]) -> None:
-        self._lock = lock
-        self._conn = conn
-
-    def __enter__(self) -> psycopg.Connection[Any]:
-        self._lock.acquire()
-        return self._conn
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        self._lock.release()
-        if isinstance(exc, psycopg.Error):
-            raise StoreError(f"postgres read failed: {exc}") from exc
 
 
 def read_page(

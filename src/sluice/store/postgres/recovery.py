@@ -32,6 +32,22 @@ def recover(
     dropped = int(row[0]) if row is not None else 0
     if dropped:
         report.append(f"postgres: {dropped} messages of unfinished transactions dropped")
+    state, destinations = read_state(conn, dedup_window)
+    (max_row,) = conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone() or (0,)
+    subscriptions = [
+        RecoveredSubscription(client_id, name, destination, selector, int(cursor))
+        for client_id, name, destination, selector, cursor in conn.execute(
+            "SELECT client_id, name, destination, selector, cursor FROM subscriptions"
+        )
+    ]
+    return Recovery(destinations, subscriptions, report), state, int(max_row)
+
+
+def read_state(
+    conn: psycopg.Connection[Any], dedup_window: int
+) -> tuple[WriterState, list[RecoveredDestination]]:
+    """The writer's state as the database holds it (at open, and again after the writer lost
+    its connection with a batch that did not commit), and the live destinations."""
     rows = conn.execute(
         "SELECT id, name, live, last_seq, dispatch_mark FROM destinations"
     ).fetchall()
@@ -43,8 +59,8 @@ def recover(
             "WHERE seq IS NOT NULL GROUP BY dest_id"
         )
     }
-    (max_row,) = conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone() or (0,)
     (max_pos,) = conn.execute("SELECT coalesce(max(pos), 0) FROM dedup_ids").fetchone() or (0,)
+    (batch,) = conn.execute("SELECT batch FROM writer_batch").fetchone() or (0,)
     state = WriterState(
         dest_ids={},
         live=set(),
@@ -53,6 +69,7 @@ def recover(
         next_dedup_pos=int(max_pos) + 1,
         dedup_pos={},
         dedup_window=dedup_window,
+        batch=int(batch),
     )
     destinations = []
     for dest_id, name, live, written_seq, mark in rows:
@@ -75,13 +92,7 @@ def recover(
                 dedup_ids=[dedup_id for _, dedup_id in window],
             )
         )
-    subscriptions = [
-        RecoveredSubscription(client_id, name, destination, selector, int(cursor))
-        for client_id, name, destination, selector, cursor in conn.execute(
-            "SELECT client_id, name, destination, selector, cursor FROM subscriptions"
-        )
-    ]
-    return Recovery(destinations, subscriptions, report), state, int(max_row)
+    return state, destinations
 
 
 def _dedup_window(

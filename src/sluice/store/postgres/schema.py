@@ -81,6 +81,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (client_id, name)
         )""",
     ),
+    # 1 -> 2: the number of the writer's last committed batch, written by every batch: after a
+    # lost connection it tells whether the COMMIT in flight took effect.
+    (
+        "CREATE TABLE writer_batch (batch bigint NOT NULL)",
+        "INSERT INTO writer_batch VALUES (0)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -90,6 +96,11 @@ SCHEMA_VERSION = len(MIGRATIONS)
 def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[str]:
     """Create the schema or bring it to `SCHEMA_VERSION`, in the connection's current transaction
     (the caller commits). Returns a report line per migration applied."""
+    return migrate_to(conn, schema, SCHEMA_VERSION)
+
+
+def migrate_to(conn: psycopg.Connection[tuple[object, ...]], schema: str, target: int) -> list[str]:
+    """`migrate`, up to version `target` (tests of the migrations)."""
     ident = sql.Identifier(schema)
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
@@ -101,17 +112,17 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[s
         version = 0
     else:
         version = int(str(row[0]))
-    if version > SCHEMA_VERSION:
+    if version > target:
         raise StoreError(
             f"the PostgreSQL schema {schema!r} is at version {version}, written by a newer "
-            f"Sluice; this one knows versions up to {SCHEMA_VERSION}"
+            f"Sluice; this one knows versions up to {target}"
         )
     report = []
-    for step in range(version, SCHEMA_VERSION):
+    for step in range(version, target):
         for statement in MIGRATIONS[step]:
             conn.execute(statement)
         report.append(f"postgres: schema {schema!r} migrated from version {step} to {step + 1}")
-    conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))
+    conn.execute("UPDATE schema_version SET version = %s", (target,))
     return report
 
 

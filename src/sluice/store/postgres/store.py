@@ -13,6 +13,11 @@ its transaction has committed. A read takes its overlay snapshot first and queri
 after: what the writer commits in between is then in the database (the rows) or already hidden
 (the removes), so nothing is missed and nothing removed shows again.
 
+A lost connection: the writer connects again and finishes its batch (see `writer`); a read
+whose connection is lost connects again at once and is tried once more, and otherwise fails with
+`StoreOfflineError` (the core tries its dispatch again later), trying to connect at most
+every `READ_RETRY_S` meanwhile.
+
 Concurrent store and dispatch: a remove of a message whose add the writer has not taken yet
 cancels both (nothing is written for either), unless the add carries an `x-dedup-id`, whose id
 must reach the dedup window.
@@ -27,16 +32,17 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
 from sortedcontainers import SortedDict
 
 from sluice.config import DEFAULT_DEDUP_WINDOW
-from sluice.errors import StoreError
+from sluice.errors import StoreError, StoreOfflineError
 from sluice.store.api import (
     DEDUP_HEADER,
     CompletionSink,
@@ -49,22 +55,30 @@ from sluice.store.api import (
     WriteHandle,
     WriteState,
 )
-from sluice.store.postgres.reads import (
-    MAX_SEQ,
-    ReadConn,
-    Shown,
-    Snapshot,
-    first_seq,
-    read_page,
-)
-from sluice.store.postgres.recovery import recover
+from sluice.store.postgres.reads import MAX_SEQ, Shown, Snapshot, first_seq, read_page
+from sluice.store.postgres.recovery import read_state, recover
 from sluice.store.postgres.urls import safe_url
-from sluice.store.postgres.writer import DatabaseFence, Op, OpKind, TxAdd, Writer
+from sluice.store.postgres.writer import (
+    DatabaseFence,
+    Op,
+    OpKind,
+    Reconnect,
+    TxAdd,
+    Writer,
+    WriterState,
+    connection_lost,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SCHEMA = "sluice"
 CONNECT_TIMEOUT_S = 10
+# How long the store tries to connect again after losing its connection (`[store] reconnect_s`).
+DEFAULT_RECONNECT_S = 30.0
+# A read that found no connection tries to make one at most this often.
+READ_RETRY_S = 0.25
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -88,8 +102,11 @@ class PostgresStore:
         dedup_window: int = DEFAULT_DEDUP_WINDOW,
         sync_acks: bool = False,
         fence: DatabaseFence | None = None,
+        reconnect_s: float = DEFAULT_RECONNECT_S,
     ) -> None:
         self.url = url
+        # After a lost connection, how long writes wait for a new one before the store fails.
+        self.reconnect_s = reconnect_s
         # The high-availability lease every write batch is fenced by (`writer.DatabaseFence`).
         self.fence = fence
         # False: removes nobody waits for and cursor moves commit without waiting for the WAL
@@ -102,6 +119,9 @@ class PostgresStore:
         self._stats = StoreStats()
         self._writer: Writer | None = None
         self._reader: psycopg.Connection[Any] | None = None
+        # When a read may next try to connect (after a failed attempt).
+        self._read_retry_at = 0.0
+        self._read_retry_reconnects = 0
         self._adds: dict[str, SortedDict] = {}
         self._removed: dict[str, dict[int, Op]] = {}
         # Per destination, the floors of range removes and deletes not yet committed, each with
@@ -119,16 +139,24 @@ class PostgresStore:
                 self.url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S
             )
         except psycopg.Error as exc:
-            raise StoreError(
+            raise StoreOfflineError(
                 f"cannot connect to PostgreSQL at {safe_url(self.url)}: {exc}"
             ) from exc
-        ident = sql.Identifier(self.schema)
-        # The commit is the sync, whatever the server's default says.
-        conn.execute("SET synchronous_commit TO on")
-        conn.execute(sql.SQL("SET search_path TO {}").format(ident))
-        if not autocommit:
-            conn.commit()
+        try:
+            ident = sql.Identifier(self.schema)
+            # The commit is the sync, whatever the server's default says.
+            conn.execute("SET synchronous_commit TO on")
+            conn.execute(sql.SQL("SET search_path TO {}").format(ident))
+            if not autocommit:
+                conn.commit()
+        except BaseException:
+            conn.close()
+            raise
         return conn
+
+    def _read_state(self, conn: psycopg.Connection[Any]) -> WriterState:
+        state, _destinations = read_state(conn, self.dedup_window)
+        return state
 
     def open(self, sink: CompletionSink) -> Recovery:
         """Migrate the schema, drop what unfinished transactions added, start the writer, and
@@ -154,6 +182,11 @@ class PostgresStore:
             on_failed=self._failed,
             lazy_acks=not self.sync_acks,
             fence=self.fence,
+            reconnect=Reconnect(
+                connect=lambda: self._connect(autocommit=False),
+                read_state=self._read_state,
+                timeout_s=self.reconnect_s,
+            ),
         )
         self._writer.start()
         log.info(
@@ -358,11 +391,44 @@ class PostgresStore:
                 shown = [entries[s] for s in itertools.islice(keys, want + len(removed))]
         return Snapshot(shown, removed, floor)
 
-    def _read_conn(self) -> ReadConn:
-        reader = self._reader
-        if reader is None:
+    def _read(self, read: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run `read` on the read connection: once more on a new connection if the first was
+        lost. A database error becomes a StoreError; no connection, a StoreOfflineError."""
+        with self._read_lock:
+            for attempt in range(2):
+                conn = self._reader_conn()
+                try:
+                    return read(conn)
+                except psycopg.Error as exc:
+                    if not connection_lost(conn, exc):
+                        raise StoreError(f"postgres read failed: {exc}") from exc
+                    self._reader = None
+                    conn.close()
+                    if attempt:
+                        raise StoreOfflineError(f"postgres read failed: {exc}") from exc
+                    log.warning("postgres: the read connection was lost (%s)", exc)
+        raise AssertionError("unreachable")
+
+    def _reader_conn(self) -> psycopg.Connection[Any]:
+        """The read connection, made again if it was lost (`_read_lock` held)."""
+        if self._writer is None:
             raise StoreError("store is not open", safe_url(self.url))
-        return ReadConn(self._read_lock, reader)
+        reader = self._reader
+        if reader is not None:
+            return reader
+        now = time.monotonic()
+        # Not again so soon after a failed attempt, unless the writer has connected since.
+        if now < self._read_retry_at and self._stats.reconnects == self._read_retry_reconnects:
+            raise StoreOfflineError(
+                f"postgres: no read connection to {safe_url(self.url)} (connecting again)"
+            )
+        try:
+            reader = self._reader = self._connect(autocommit=True)
+        except (StoreError, psycopg.Error, OSError) as exc:
+            self._read_retry_at = now + READ_RETRY_S
+            self._read_retry_reconnects = self._stats.reconnects
+            raise StoreOfflineError(f"postgres: no read connection: {exc}") from exc
+        return reader
 
     def load(
         self, destination: str, after_seq: int, max_count: int, max_bytes: int
@@ -370,14 +436,14 @@ class PostgresStore:
         """Messages after `after_seq`, ascending, within the budgets (at least one): the
         overlay's snapshot first, then the database (see the module's docstring)."""
         snap = self._snapshot(destination, after_seq, max_count)
-        with self._read_conn() as conn:
-            return read_page(conn, destination, snap, after_seq, max_count, max_bytes)
+        return self._read(
+            lambda conn: read_page(conn, destination, snap, after_seq, max_count, max_bytes)
+        )
 
     def first_seq(self, destination: str, at_or_after_ms: int = 0) -> int:
         """Lowest stored sequence, or the first stamped at or after `at_or_after_ms` (0 if none)."""
         snap = self._snapshot(destination, 0, 1 << 30)
-        with self._read_conn() as conn:
-            return first_seq(conn, destination, snap, at_or_after_ms)
+        return self._read(lambda conn: first_seq(conn, destination, snap, at_or_after_ms))
 
     # -- transactions ----------------------------------------------------------------------------
 

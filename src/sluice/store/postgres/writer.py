@@ -8,10 +8,17 @@ statements of one kind go as one `executemany`, pipelined), and COMMITs: the com
 what the store's overlay held for them, and hands them all to the completion sink in one call.
 
 What the writer keeps between batches (destination ids, each destination's last sequence, the
-dedup windows' row positions) mirrors the database as of its last commit. Any database error in a
-batch fails the store, as a failed sync fails the journal: the batch's handles and every later
-write fail, and a restart reopens from what the database committed. (Whether a COMMIT that lost
-its connection took effect is unknown, which is why nothing after it is trusted.)
+dedup windows' row positions, the number of its last batch) mirrors the database as of its last
+commit.
+
+A lost connection (the server restarted, a network cut) is not a failure: the writer holds the
+batch and everything queued behind it (the broker's pending-write limits then pause producers),
+connects again with backoff for up to `reconnect_s`, and learns whether the COMMIT in flight
+took effect from `writer_batch`, which every batch sets to its own number. If it did, the batch is
+done; if not, the writer reads its state back from the database and writes the batch again. Any
+other database error, or no connection within `reconnect_s`, fails the store, as a failed sync
+fails the journal: the batch's handles and every later write fail, and a restart reopens from
+what the database committed.
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ import contextlib
 import enum
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import psycopg
+import psycopg.errors
 
 from sluice.errors import FencedError, StoreError
 from sluice.store.api import (
@@ -45,6 +54,9 @@ MAX_BATCH_OPS = 4096
 # A batch stops growing past this many bytes of messages (it holds at least one op).
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 STOP_TIMEOUT_S = 10.0
+# Waits between attempts to connect again: doubling from the first to the last.
+RECONNECT_FIRST_S = 0.05
+RECONNECT_MAX_S = 1.0
 
 
 class OpKind(enum.Enum):
@@ -194,6 +206,8 @@ _BULK = {
 }
 _ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off"
 _SUB_CURSOR = "UPDATE subscriptions SET cursor = %s WHERE client_id = %s AND name = %s"
+_BATCH = "UPDATE writer_batch SET batch = %s"
+_LAST_BATCH = "SELECT batch FROM writer_batch"
 
 
 @dataclass
@@ -208,6 +222,19 @@ class WriterState:
     # Each destination's dedup rows (positions, oldest first): at most a window kept.
     dedup_pos: dict[str, deque[int]]
     dedup_window: int
+    # The number of the last batch committed (`writer_batch`).
+    batch: int = 0
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """How the writer connects again after losing its connection: `connect` makes a connection
+    set up as the store's, `read_state` reads the writer's state back in its transaction, and
+    `timeout_s` bounds the attempts (0: a lost connection fails the store at once)."""
+
+    connect: Callable[[], psycopg.Connection[Any]]
+    read_state: Callable[[psycopg.Connection[Any]], WriterState]
+    timeout_s: float
 
 
 class DatabaseFence(Protocol):
@@ -246,9 +273,13 @@ class Writer:
         on_failed: Callable[[Sequence[Op]], None],
         lazy_acks: bool = True,
         fence: DatabaseFence | None = None,
+        reconnect: Reconnect | None = None,
     ) -> None:
         self.conn = conn
         self.fence = fence
+        self.reconnect = reconnect
+        # The connection's pipeline mode (left and entered again with a new connection).
+        self._pipeline = contextlib.ExitStack()
         # Batches of lazy removes and cursor moves alone commit without waiting for the flush.
         self.lazy_acks = lazy_acks
         self.state = state
@@ -301,10 +332,11 @@ class Writer:
 
     def _run(self) -> None:
         try:
-            # Pipeline mode for the thread's life: a batch's statements and its COMMIT go in one
-            # round trip (leaving the mode after each batch would cost another).
-            with self.conn.pipeline():
-                self._loop()
+            # Pipeline mode for the connection's life: a batch's statements and its COMMIT go in
+            # one round trip (leaving the mode after each batch would cost another).
+            self._pipeline.enter_context(self.conn.pipeline())
+            self._loop()
+            self._pipeline.close()
         except (psycopg.Error, OSError) as exc:
             # Leaving pipeline mode on a connection that is gone: the store failed already.
             if self.failed is None:
@@ -349,17 +381,62 @@ class Writer:
         if self.failed is not None:
             self._fail(batch, handles, self.failed)
             return
-        statements = _Statements()
-        fence = self.fence
-        if fence is not None:
+        while True:
             try:
-                fence.check()
+                statements, number, lazy, records = self._build(batch, cursors)
             except FencedError as exc:
                 self._set_failed(exc)
                 self._fail(batch, handles, exc)
                 return
+            try:
+                # One round trip for the whole batch and its COMMIT (the connection is in
+                # pipeline mode: the commit sends everything and waits for the results).
+                with self.conn.cursor() as cur:
+                    statements.run(cur)
+                self.conn.commit()
+            except (psycopg.Error, OSError) as exc:
+                error = self._refused(exc)
+                if error is None:
+                    try:
+                        if self._connect_again(exc, number):
+                            break  # the COMMIT in flight took effect
+                        continue  # it did not: the state is the database's again; write it
+                    except StoreError as gave_up:
+                        error = gave_up
+                log.error(
+                    "postgres: a batch of %d writes failed; the store stops: %s", len(batch), exc
+                )
+                self._set_failed(error)
+                self._fail(batch, handles, error)
+                return
+            break
+        with self.lock:
+            for handle in handles:
+                if handle.state is WriteState.TAKEN:
+                    handle.state = WriteState.WRITTEN
+            self.stats.written_records += records + len(cursors)
+            self.stats.batches += 1
+            self.stats.syncs += 0 if lazy else 1
+            self._on_written(batch)
+        self._deliver(handles)
+
+    def _build(
+        self, batch: list[Op], cursors: dict[tuple[str, str], int]
+    ) -> tuple[_Statements, int, bool, int]:
+        """The batch's statements, its number (0: it writes nothing), whether it commits
+        without waiting for the flush, and how many records it writes. Raises FencedError when
+        this process no longer holds the lease."""
+        statements = _Statements()
+        fence = self.fence
+        if fence is not None:
+            fence.check()
             statements.add(*fence.statement())
         writes = [op for op in batch if op.kind is not OpKind.NOTHING]
+        number = 0
+        if writes or cursors:
+            self.state.batch += 1
+            number = self.state.batch
+            statements.add(_BATCH, (number,))
         # Nobody waits for these to be durable: the commit does not wait for the WAL flush; the
         # next synchronous commit (or the WAL writer, within a fraction of a second) covers it.
         lazy = self.lazy_acks and bool(writes or cursors) and not any(map(_needs_sync, batch))
@@ -382,30 +459,93 @@ class Writer:
             if destination in self.state.live:
                 seq = self.state.last_seq.get(destination, 0)
                 statements.add(_LAST_SEQ, (seq, self.state.dest_ids[destination]))
-        try:
-            # One round trip for the whole batch and its COMMIT (the connection is in pipeline
-            # mode: the commit sends everything and waits for the results).
-            with self.conn.cursor() as cur:
-                statements.run(cur)
-            self.conn.commit()
-        except (psycopg.Error, OSError) as exc:
-            error: BaseException = exc
-            if fence is not None and fence.message in str(exc):
-                error = FencedError("the database refused a batch: this broker lost its lease")
-                fence.lost("the database refused a batch for want of the lease")
-            log.error("postgres: a batch of %d writes failed; the store stops: %s", len(batch), exc)
-            self._set_failed(error)
-            self._fail(batch, handles, error)
-            return
+        return statements, number, lazy, records
+
+    def _refused(self, exc: BaseException) -> BaseException | None:
+        """What a failed batch fails with, or None when the connection was lost and may be made
+        again."""
+        fence = self.fence
+        if fence is not None and fence.message in str(exc):
+            fence.lost("the database refused a batch for want of the lease")
+            return FencedError("the database refused a batch: this broker lost its lease")
+        reconnect = self.reconnect
+        if reconnect is None or reconnect.timeout_s <= 0 or not connection_lost(self.conn, exc):
+            return exc
+        return None
+
+    # -- a lost connection -----------------------------------------------------------------------
+
+    def _connect_again(self, lost: BaseException, number: int) -> bool:
+        """Connect again (the batch's number `number`, 0 if it writes nothing, was in flight):
+        True if that batch committed, False if not (the state is then read back from the
+        database). Raises StoreError when no connection came within `reconnect_s`, or the
+        store is being dropped, and FencedError when the lease was lost meanwhile."""
+        reconnect = self.reconnect
+        assert reconnect is not None
+        log.warning(
+            "postgres: the writer lost its connection (%s); connecting again for up to %.0f s, "
+            "writes wait",
+            str(lost).strip() or type(lost).__name__,
+            reconnect.timeout_s,
+        )
         with self.lock:
-            for handle in handles:
-                if handle.state is WriteState.TAKEN:
-                    handle.state = WriteState.WRITTEN
-            self.stats.written_records += records + len(cursors)
-            self.stats.batches += 1
-            self.stats.syncs += 0 if lazy else 1
-            self._on_written(batch)
-        self._deliver(handles)
+            self.stats.unavailable = True
+        with contextlib.suppress(psycopg.Error, OSError):
+            self._pipeline.close()
+        with contextlib.suppress(psycopg.Error, OSError):
+            self.conn.close()
+        started = time.monotonic()
+        deadline = started + reconnect.timeout_s
+        delay = RECONNECT_FIRST_S
+        while True:
+            if self.fence is not None:
+                self.fence.check()
+            try:
+                conn = reconnect.connect()
+            except (StoreError, psycopg.Error, OSError) as exc:
+                error: BaseException = exc
+            else:
+                try:
+                    landed = self._learn(conn, number, reconnect)
+                except (psycopg.Error, OSError) as exc:
+                    conn.close()
+                    error = exc
+                else:
+                    break
+            with self.cond:
+                if self._abandoned:
+                    raise StoreError("postgres: the store was dropped while connecting again")
+                if self._closing:  # the broker stops: try a little longer, not for ever
+                    deadline = min(deadline, time.monotonic() + STOP_TIMEOUT_S / 2)
+                if time.monotonic() + delay > deadline:
+                    raise StoreError(
+                        f"postgres: no connection within reconnect_s = {reconnect.timeout_s:g} "
+                        f"s: {error}"
+                    )
+                self.cond.wait(delay)
+            delay = min(2 * delay, RECONNECT_MAX_S)
+        self.conn = conn
+        self._pipeline.enter_context(conn.pipeline())
+        with self.lock:
+            self.stats.unavailable = False
+            self.stats.reconnects += 1
+        log.warning(
+            "postgres: the writer is connected again after %.1f s; the batch in flight %s",
+            time.monotonic() - started,
+            "had committed" if landed else "is written again",
+        )
+        return landed
+
+    def _learn(self, conn: psycopg.Connection[Any], number: int, reconnect: Reconnect) -> bool:
+        """On a new connection: did batch `number` commit? If not, the writer's state becomes
+        the database's."""
+        row = conn.execute(_LAST_BATCH).fetchone()
+        last = int(row[0]) if row is not None else 0
+        landed = number == 0 or last >= number
+        if not landed:
+            self.state = reconnect.read_state(conn)
+        conn.commit()
+        return landed
 
     # -- ops into SQL ----------------------------------------------------------------------------
 
@@ -562,6 +702,23 @@ class Writer:
                     handle.error = error
             self._on_failed(batch)
         self._deliver(handles)
+
+
+# The server ended the session (a shutdown, a crash of another backend, pg_terminate_backend,
+# an idle timeout, a recovery under way) or the connection failed: a new one may do.
+_SESSION_ENDED = (
+    psycopg.errors.AdminShutdown,
+    psycopg.errors.CrashShutdown,
+    psycopg.errors.CannotConnectNow,
+    psycopg.errors.IdleSessionTimeout,
+    psycopg.errors.ConnectionException,
+)
+
+
+def connection_lost(conn: psycopg.Connection[Any], exc: BaseException) -> bool:
+    """Whether `exc`, raised by a statement on `conn`, means the connection is gone (the error
+    may come before the socket's end is seen, so both are asked)."""
+    return conn.broken or conn.closed or isinstance(exc, _SESSION_ENDED)
 
 
 def _needs_sync(op: Op) -> bool:
