@@ -1055,23 +1055,6 @@ FIXED_FAILING_CASES = [
         "open",
         _ABORT_SYNC,
     ),
-]
-
-
-@pytest.mark.parametrize(
-    ("seed", "events", "check", "symptom"),
-    FIXED_FAILING_CASES,
-    ids=[f"seed-{case[0]}" for case in FIXED_FAILING_CASES],
-)
-def test_fixed_seed_stays_fixed(seed: int, events: list[str], check: str, symptom: str) -> None:
-    """A seed that failed on a store bug, fixed since."""
-    life = generate(seed)
-    result = run_life(StoreKind.JOURNAL, life, [Event.parse(e) for e in events], known=frozenset())
-    assert result.failure is None, f"{symptom}: {result.failure}"
-
-
-# Store bugs found and not fixed yet: (seed, shrunk events, check, symptom), each a strict xfail.
-OPEN_FAILING_CASES = [
     (
         2617634439,
         [
@@ -1092,10 +1075,31 @@ OPEN_FAILING_CASES = [
             "send#62 d=1 n=2 size=5267 pick=0.771 opt=2",
         ],
         "disk",
-        "after a compaction and a rebuild-index, three data files stay after everything was "
-        "drained and collected three times (found by a random run; it fails at b01e6ed too)",
+        "a transacted ack of /queue/a #1, then /queue/a deleted and created again (a new #1) "
+        "before the commit, and the old #1's file collected: rebuild-index met a DEST_DELETE of "
+        "a destination it did not know and kept the open transaction's remove, so the commit "
+        "took the new #1 (lost) and tied the remove's file to it, while that file acked a "
+        "message of the remove's file: two files kept for ever (the delete now drops the "
+        "removes whether or not the index knows the destination: JournalState._dest_delete)",
     ),
 ]
+
+
+@pytest.mark.parametrize(
+    ("seed", "events", "check", "symptom"),
+    FIXED_FAILING_CASES,
+    ids=[f"seed-{case[0]}" for case in FIXED_FAILING_CASES],
+)
+def test_fixed_seed_stays_fixed(seed: int, events: list[str], check: str, symptom: str) -> None:
+    """A seed that failed on a store bug, fixed since."""
+    life = generate(seed)
+    result = run_life(StoreKind.JOURNAL, life, [Event.parse(e) for e in events], known=frozenset())
+    assert result.failure is None, f"{symptom}: {result.failure}"
+
+
+# Store bugs found and not fixed yet: (seed, shrunk events, check, symptom), each a strict xfail
+# (none now; the test then shows as skipped, for an empty parameter set).
+OPEN_FAILING_CASES: list[tuple[int, list[str], str, str]] = []
 
 
 @pytest.mark.xfail(
@@ -1172,6 +1176,63 @@ def test_a_rebuild_keeps_a_remove_that_opens_a_file(tmp_path: Path) -> None:
     store = reopen()
     try:
         assert queue_x(store) == [2]
+    finally:
+        store.close()
+
+
+def test_a_rebuild_drops_a_transacted_remove_of_a_deleted_destination(tmp_path: Path) -> None:
+    """Seed 2617634439, reproduced directly: an open transaction acks /queue/x #1, the
+    destination is deleted (which drops that remove), collection deletes the file of the old
+    message, and /queue/x is created again with a new #1 before the commit. A rebuild met the
+    DEST_DELETE of a destination it did not know (its records were gone) and kept the remove,
+    so the commit took the new #1: a receipted message lost, and the remove's file made to
+    depend on the new message's file, while that file depended on the remove's (an ack of a
+    message there): neither was ever collected."""
+    config = StoreConfig(
+        data_dir=tmp_path,
+        journal_file_bytes=16 * KiB,
+        gc_interval_s=3600.0,
+        checkpoint_interval_s=3600.0,
+        compaction_live_ratio=0.5,
+    )
+
+    def reopen() -> JournalStore:
+        store = JournalStore(config)
+        store.open(lambda handles: None)
+        return store
+
+    def fill_to(store: JournalStore, destination: str, file_no: int) -> None:
+        """Messages until the head is in `file_no`, then acked."""
+        seq = 0
+        while store.head_position[0] < file_no:
+            seq += 1
+            store.add(StoredMessage(destination, seq, "f", 1, {}, b"f" * 4000), None)
+            store.checkpoint()
+        store.remove_range(destination, seq)
+
+    store = reopen()
+    store.add(StoredMessage("/queue/x", 1, "old", 1, {}, b"old"), None)
+    fill_to(store, "/queue/f", 2)
+    store.add(StoredMessage("/queue/y", 1, "y", 1, {}, b"y"), None)
+    store.begin("t1")
+    store.remove("/queue/x", 1, txid="t1")
+    store.delete_destination("/queue/x")
+    assert store.gc().deleted == [1]  # the old #1 and its destination's records go
+    fill_to(store, "/queue/g", 3)
+    store.add(StoredMessage("/queue/x", 1, "new", 1, {}, b"new"), None)
+    store.commit("t1", [], None)
+    store.remove("/queue/y", 1)  # file 3 depends on file 2
+    store.checkpoint()
+    assert store.head_position[0] == 3
+    store.close()
+    tools.rebuild_index(tmp_path, config)
+    store = reopen()
+    try:
+        assert [m.body for m in store.load("/queue/x", 0, 100, 1 << 30)] == [b"new"]
+        store.remove("/queue/x", 1)
+        fill_to(store, "/queue/h", 4)
+        store.gc()
+        assert files.list_files(tmp_path / "journal") == [4]
     finally:
         store.close()
 

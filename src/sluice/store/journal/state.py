@@ -473,11 +473,14 @@ class JournalState:
         # Sequences its cancelled adds used die with it: no DEST_SEQ may bring it back.
         self._cancelled_seqs.pop(name, None)
         self.tables.forget_held(name)
+        # Even when the index does not know the destination (a rebuild after collection took
+        # every file of its records): an open transaction's remove of its old message must not
+        # take the new message of that sequence at the commit.
+        self._drop_tx_removes(name, file_no)
         info = self.tables.dests.get(name)
         if info is None:
             return
         self._remove_range(name, MAX_SEQ, file_no)
-        self._drop_tx_removes(name, file_no)
         for pin in (info.seq_pin, info.mark_pin):
             if pin:
                 self.tables.unpin(pin)
