@@ -146,6 +146,7 @@ def test_overview_totals_and_rates(managed: Managed) -> None:
         "store_full": False,
         "temp_full": False,
         "store_failed": False,
+        "store_unavailable": False,
     }
     assert set(overview["flow_control"]) >= {"memory_pauses", "disk_pauses", "store_full_episodes"}
     consumer.disconnect()

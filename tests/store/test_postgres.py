@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+import stomp
 
 from brokerproc import BrokerProcess
 from ha.harness import QUEUE, Ledger, Load
@@ -25,6 +31,7 @@ from sluice.store.api import WriteHandle, WriteState
 from sluice.store.postgres.schema import CHUNK_BYTES, SCHEMA_VERSION, encode_headers, migrate_to
 from sluice.store.postgres.store import PostgresStore
 from sluice.store.postgres.urls import safe_url
+from waiting import wait_until
 
 from .helpers import Harness, Sink, fields, msg
 
@@ -446,6 +453,90 @@ def test_a_broker_on_postgres_rides_through_server_restarts_under_load(
         with contextlib.suppress(Exception):
             broker.stop()
     assert _sql(pg_server, schema, "SELECT count(*) FROM messages") == [(0,)]
+
+
+class _Received(stomp.ConnectionListener):  # type: ignore[misc]
+    """Bodies of the messages stomp.py receives, in order."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.bodies: list[str] = []
+        self.errors: list[str] = []
+
+    def on_message(self, frame: Any) -> None:
+        with self.cond:
+            self.bodies.append(frame.body)
+            self.cond.notify_all()
+
+    def on_error(self, frame: Any) -> None:
+        with self.cond:
+            self.errors.append(frame.body)
+            self.cond.notify_all()
+
+
+def test_stomppy_producers_are_paused_while_the_database_is_down(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    """stomp.py sends persistent messages without asking for receipts while the server is down:
+    the broker holds them as pending writes, stops reading the producer at
+    `limits.max_async_writes` (flow control), says it is not ready, and once the server is back
+    writes them all; a stomp.py consumer gets every one, in order."""
+    schema = fresh_schema("flow")
+    config = (
+        f'[store]\nschema = "{schema}"\ndata_dir = "{tmp_path / "data"}"\n'
+        "[limits]\nmax_async_writes = 50\n"
+    )
+    args = ("--store", "postgres", "--postgres-url", pg_server.url(), "--http", "127.0.0.1:0")
+    broker = BrokerProcess(config, tmp_path, *args).start()
+    match = re.search(r"management API on http://127\.0\.0\.1:(\d+)/", broker.log_text)
+    assert match, broker.log_text
+    api = f"http://127.0.0.1:{match.group(1)}"
+
+    def get(path: str) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(api + path, timeout=10) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.load(exc)
+
+    producer = stomp.Connection12([("127.0.0.1", broker.port)], heartbeats=(0, 0))
+    received = _Received()
+    consumer = stomp.Connection12([("127.0.0.1", broker.port)], heartbeats=(0, 0))
+    consumer.set_listener("r", received)
+    sent = [f"m{n}" for n in range(300)]
+    try:
+        producer.connect(wait=True)
+        pg_server.stop("fast")
+        try:
+            for body in sent:
+                producer.send("/queue/flow", body, headers={"persistent": "true"})
+            wait_until(
+                lambda: get("/api/overview")[1]["flow_control"]["pending_write_pauses"] > 0,
+                what="the producer paused by flow control",
+            )
+            overview = get("/api/overview")[1]
+            assert overview["alarms"]["store_unavailable"]
+            assert overview["store"]["pending_writes"] >= 50
+            status, ready = get("/readyz")
+            assert status == 503
+            assert any("cannot be reached" in reason for reason in ready["reasons"])
+        finally:
+            pg_server.start()
+        consumer.connect(wait=True)
+        consumer.subscribe("/queue/flow", id="1", ack="auto")
+        with received.cond:
+            assert received.cond.wait_for(lambda: len(received.bodies) >= len(sent), 60)
+        assert not received.errors
+        assert received.bodies == sent
+        assert get("/readyz")[0] == 200
+        assert get("/api/overview")[1]["store"]["reconnects"] == 1
+    finally:
+        if not pg_server.running:
+            pg_server.start()
+        for conn in (producer, consumer):
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+        assert broker.stop() == 0
 
 
 @pytest.mark.parametrize("sync_acks", [False, True])

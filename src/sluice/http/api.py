@@ -132,6 +132,8 @@ class DestinationsApi:
                 "pending_writes": broker.pending_writes,
                 "full": store.full,
                 "failed": broker.store_failed,
+                "unavailable": broker.store.stats().unavailable,
+                "reconnects": broker.store.stats().reconnects,
             },
             "temp_store": {
                 "disk_bytes": stats["temp_disk_bytes"],
@@ -157,6 +159,7 @@ class DestinationsApi:
                 "store_full": store.full,
                 "temp_full": temp.full,
                 "store_failed": broker.store_failed,
+                "store_unavailable": broker.store.stats().unavailable,
             },
         }
         return web.json_response(body)

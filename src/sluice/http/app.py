@@ -172,6 +172,11 @@ class ManagementServer:
         if broker.store_failed:
             cause = f": {broker.store_failure}" if broker.store_failure else ""
             reasons.append(f"the message store failed{cause}; persistent sends are refused")
+        if broker.store.stats().unavailable:
+            reasons.append(
+                "the message store's database cannot be reached; persistent sends wait while "
+                "the store connects again"
+            )
         if broker.store_disk.full:
             reasons.append(
                 f"the message store is full; persistent sends are "
