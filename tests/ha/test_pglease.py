@@ -32,6 +32,23 @@ class Lost:
         self.reasons.append(reason)
 
 
+class Completed:
+    """The store's completion sink: remembers every handle, and waits for one."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.done: list[WriteHandle] = []
+
+    def __call__(self, handles: list[WriteHandle]) -> None:
+        with self.cond:
+            self.done.extend(handles)
+            self.cond.notify_all()
+
+    def wait(self, handle: WriteHandle) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: handle in self.done, 30)
+
+
 @pytest.fixture
 def schema() -> str:
     return fresh_schema("lease")
@@ -145,18 +162,11 @@ def test_the_database_refuses_a_batch_of_a_master_whose_lease_was_taken(
     lost = Lost()
     lease = _lease(leases, pg_server.url(), schema, 30.0, lost)
     assert lease.acquire() == 1
-    done: list[WriteHandle] = []
-    arrived = threading.Condition()
-
-    def sink(handles: list[WriteHandle]) -> None:
-        with arrived:
-            done.extend(handles)
-            arrived.notify_all()
+    sink = Completed()
 
     def add(seq: int) -> WriteHandle:
         handle = store.add(StoredMessage(Q, seq, f"m{seq}", 1, {}, b"body"), None)
-        with arrived:
-            assert arrived.wait_for(lambda: handle in done, 30)
+        sink.wait(handle)
         return handle
 
     store = PostgresStore(pg_server.url(), schema=schema, fence=lease)
@@ -219,14 +229,7 @@ def test_a_database_restart_shorter_than_the_fence_keeps_the_lease_and_the_write
     server = PgServer()
     lease_s = 8.0
     lost = Lost()
-    done: list[WriteHandle] = []
-    arrived = threading.Condition()
-
-    def sink(handles: list[WriteHandle]) -> None:
-        with arrived:
-            done.extend(handles)
-            arrived.notify_all()
-
+    sink = Completed()
     server.init()
     server.start()
     lease = PgLease(server.url(), lease_s, schema=schema, on_lost=lost)
@@ -239,8 +242,7 @@ def test_a_database_restart_shorter_than_the_fence_keeps_the_lease_and_the_write
             server.stop("fast")
             waiting = store.add(StoredMessage(Q, 1, "m1", 1, {}, b"while down"), None)
             server.start()
-            with arrived:
-                assert arrived.wait_for(lambda: waiting in done, 30)
+            sink.wait(waiting)
             assert waiting.state is WriteState.WRITTEN
             lease.check()
             assert lost.reasons == []
