@@ -20,9 +20,9 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 DEDUP_HEADER = "x-dedup-id"
 """The SEND header whose values a store keeps in each destination's dedup window."""
@@ -316,6 +316,29 @@ class Fence(Protocol):
         """Return if this process still holds the store; raise `FencedError` otherwise. Cheap: a
         clock read and a comparison, called for every write batch."""
         ...
+
+
+class OpenTransaction(Protocol):
+    """What a store keeps of a transaction until its commit: at least its adds."""
+
+    @property
+    def adds(self) -> Sized:
+        """The transaction's adds, in order."""
+        ...
+
+
+TxT = TypeVar("TxT", bound=OpenTransaction)
+
+
+def take_for_commit(txs: dict[str, TxT], txid: str, seqs: Sequence[int]) -> TxT | None:
+    """Remove and return transaction `txid` (None if it was never begun or holds nothing),
+    checking that the commit gives one sequence for each of its adds (a ValueError if not, the
+    transaction then left open)."""
+    tx = txs.get(txid)
+    adds = len(tx.adds) if tx is not None else 0
+    if len(seqs) != adds:
+        raise ValueError(f"commit of {txid}: {len(seqs)} sequences for {adds} adds")
+    return txs.pop(txid, None)
 
 
 @dataclass(frozen=True)

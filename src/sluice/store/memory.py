@@ -27,6 +27,7 @@ from sluice.store.api import (
     StoreView,
     WriteHandle,
     WriteState,
+    take_for_commit,
 )
 
 
@@ -182,10 +183,7 @@ class MemoryStore:
         self, txid: str, seqs: Sequence[int], on_complete: Callable[[WriteHandle], None] | None
     ) -> WriteHandle:
         """Assign sequences to the transaction's adds and apply its removes."""
-        tx = self._txs.get(txid, _Tx())
-        if len(seqs) != len(tx.adds):
-            raise ValueError(f"commit of {txid}: {len(seqs)} sequences for {len(tx.adds)} adds")
-        self._txs.pop(txid, None)
+        tx = take_for_commit(self._txs, txid, seqs) or _Tx()
         for message, seq in zip(tx.adds, seqs, strict=True):
             message.seq = seq
             self._messages(message.destination)[seq] = message

@@ -41,6 +41,7 @@ from sluice.store.api import (
     TimedWriteHandle,
     WriteHandle,
     WriteState,
+    take_for_commit,
 )
 from sluice.store.journal import format as fmt
 from sluice.store.journal.files import (
@@ -533,11 +534,7 @@ class JournalStore:
     ) -> WriteHandle:
         """Queue the TX_COMMIT with the sequences; its adds and removes show at once."""
         writer = self._w
-        tx = self._txs.get(txid)
-        adds = len(tx.adds) if tx is not None else 0
-        if len(seqs) != adds:
-            raise ValueError(f"commit of {txid}: {len(seqs)} sequences for {adds} adds")
-        self._txs.pop(txid, None)
+        tx = take_for_commit(self._txs, txid, seqs)
         handle = WriteHandle(on_complete, 0, self._lock)
         if tx is None or not tx.begun:
             handle.state = WriteState.WRITTEN

@@ -54,6 +54,7 @@ from sluice.store.api import (
     StoreView,
     WriteHandle,
     WriteState,
+    take_for_commit,
 )
 from sluice.store.postgres.reads import MAX_SEQ, Shown, Snapshot, first_seq, read_page
 from sluice.store.postgres.recovery import read_state, recover
@@ -462,11 +463,7 @@ class PostgresStore:
     ) -> WriteHandle:
         """Queue the commit: the adds take these sequences, the removes apply; both show at once."""
         writer = self._w
-        tx = self._txs.get(txid)
-        adds = len(tx.adds) if tx is not None else 0
-        if len(seqs) != adds:
-            raise ValueError(f"commit of {txid}: {len(seqs)} sequences for {adds} adds")
-        self._txs.pop(txid, None)
+        tx = take_for_commit(self._txs, txid, seqs)
         handle = WriteHandle(on_complete, 0, self._lock)
         if tx is None or not (tx.adds or tx.removes):
             handle.state = WriteState.WRITTEN
