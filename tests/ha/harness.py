@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -278,3 +279,58 @@ class Load:
         for task in self._producers + self._consumers:
             task.cancel()
         await asyncio.gather(*self._producers, *self._consumers, return_exceptions=True)
+
+
+@dataclass
+class Failovers:
+    """What `run_failovers` measured: each takeover (kill to the slave listening), each first
+    receipt after a kill, the ledger of the whole run, and the master at the end."""
+
+    takeovers: list[float]
+    firsts: list[float]
+    ledger: Ledger
+    master: BrokerProcess
+
+    def summary(self, what: str) -> str:
+        return (
+            f"{len(self.takeovers)} failovers ({what}): takeover median "
+            f"{statistics.median(self.takeovers):.2f} s, max {max(self.takeovers):.2f} s; first "
+            f"receipt after the kill median {statistics.median(self.firsts):.2f} s, max "
+            f"{max(self.firsts):.2f} s; {len(self.ledger.receipted)} messages receipted and "
+            "delivered"
+        )
+
+
+def run_failovers(pair: HaPair, rounds: int) -> Failovers:
+    """Brokers `a` (master) and `b` (slave) under load from two producers and a consumer on
+    both addresses; `rounds` times: SIGKILL the master, wait for the slave to listen and for a
+    receipt, and start the killed one again as the next slave."""
+    names = ["a", "b"]
+    master = pair.launch("a")
+    master.wait_listening()
+    slave = pair.launch("b")
+    slave.wait_log("waiting for the lease")
+    takeovers: list[float] = []
+    firsts: list[float] = []
+
+    async def scenario() -> Ledger:
+        nonlocal master, slave
+        load = Load(pair.brokers, producers=2, consumers=1)
+        try:
+            for number in range(rounds):
+                await load.ledger.wait_receipted(len(load.ledger.receipted) + 50)
+                killed_at = time.monotonic()
+                master.kill()
+                await asyncio.to_thread(slave.wait_listening, 30)
+                takeovers.append(time.monotonic() - killed_at)
+                await load.ledger.wait_receipted(len(load.ledger.receipted) + 1)
+                firsts.append(load.ledger.first_receipt_after(killed_at) - killed_at)
+                master, slave = slave, pair.launch(names[number % 2])
+                await asyncio.to_thread(slave.wait_log, "waiting for the lease")
+            return await load.finish()
+        except BaseException:
+            await load.cancel()
+            raise
+
+    ledger = asyncio.run(scenario())
+    return Failovers(takeovers, firsts, ledger, master)

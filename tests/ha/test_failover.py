@@ -11,13 +11,12 @@ import asyncio
 import hashlib
 import os
 import signal
-import statistics
 import time
 from pathlib import Path
 
 import pytest
 
-from ha.harness import Ledger, Load, first_file_of, ha_pair, listening_ports
+from ha.harness import Load, first_file_of, ha_pair, listening_ports, run_failovers
 
 pytestmark = pytest.mark.crash
 
@@ -134,45 +133,9 @@ def test_one_hundred_failovers(tmp_path: Path) -> None:
     lease_s = 5.0
     rounds = 100
     with ha_pair(tmp_path, lease_s) as pair:
-        names = ["a", "b"]
-        master = pair.launch("a")
-        master.wait_listening()
-        slave = pair.launch("b")
-        slave.wait_log("waiting for the lease")
-        takeovers: list[float] = []
-        firsts: list[float] = []
-
-        async def scenario() -> None:
-            nonlocal master, slave
-            load = Load(pair.brokers, producers=2, consumers=1)
-            try:
-                for number in range(rounds):
-                    await load.ledger.wait_receipted(len(load.ledger.receipted) + 50)
-                    killed_at = time.monotonic()
-                    master.kill()
-                    await asyncio.to_thread(slave.wait_listening, 30)
-                    takeovers.append(time.monotonic() - killed_at)
-                    await load.ledger.wait_receipted(len(load.ledger.receipted) + 1)
-                    firsts.append(load.ledger.first_receipt_after(killed_at) - killed_at)
-                    # The killed broker comes back as the next slave, on its own address.
-                    name = names[number % 2]
-                    master, slave = slave, pair.launch(name)
-                    await asyncio.to_thread(slave.wait_log, "waiting for the lease")
-                ledger = await load.finish()
-            except BaseException:
-                await load.cancel()
-                raise
-            ledgers.append(ledger)
-
-        ledgers: list[Ledger] = []
-        asyncio.run(scenario())
-        print(
-            f"{rounds} failovers (SIGKILL, lease_s {lease_s:g}): takeover median "
-            f"{statistics.median(takeovers):.2f} s, max {max(takeovers):.2f} s; first receipt "
-            f"after the kill median {statistics.median(firsts):.2f} s, max {max(firsts):.2f} s"
-        )
-        print(f"{len(ledgers[0].receipted)} messages receipted and delivered")
-        ledgers[0].check()
+        run = run_failovers(pair, rounds)
+        print(run.summary(f"SIGKILL, lease_s {lease_s:g}"))
+        run.ledger.check()
         assert pair.lease().epoch == rounds + 1
-        assert max(takeovers) < lease_s + 3
-        assert master.stop() == 0
+        assert max(run.takeovers) < lease_s + 3
+        assert run.master.stop() == 0

@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import statistics
 import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from ha.harness import Ledger, Load, ha_pair
+from ha.harness import Load, ha_pair, run_failovers
 from pgserver import PgServer, fresh_schema
 
 pytestmark = pytest.mark.crash
@@ -106,39 +105,9 @@ def test_one_hundred_failovers_on_postgres(tmp_path: Path, pg_server: PgServer) 
     rounds = 100
     schema = fresh_schema("ha")
     with ha_pair(tmp_path, lease_s, postgres=(pg_server.url(), schema)) as pair:
-        names = ["a", "b"]
-        master = pair.launch("a")
-        master.wait_listening()
-        slave = pair.launch("b")
-        slave.wait_log("waiting for the lease")
-        takeovers: list[float] = []
-        ledgers: list[Ledger] = []
-
-        async def scenario() -> None:
-            nonlocal master, slave
-            load = Load(pair.brokers, producers=2, consumers=1)
-            try:
-                for number in range(rounds):
-                    await load.ledger.wait_receipted(len(load.ledger.receipted) + 50)
-                    killed_at = time.monotonic()
-                    master.kill()
-                    await asyncio.to_thread(slave.wait_listening, 30)
-                    takeovers.append(time.monotonic() - killed_at)
-                    name = names[number % 2]
-                    master, slave = slave, pair.launch(name)
-                    await asyncio.to_thread(slave.wait_log, "waiting for the lease")
-                ledgers.append(await load.finish())
-            except BaseException:
-                await load.cancel()
-                raise
-
-        asyncio.run(scenario())
-        print(
-            f"{rounds} failovers on PostgreSQL (SIGKILL, lease_s {lease_s:g}): takeover median "
-            f"{statistics.median(takeovers):.2f} s, max {max(takeovers):.2f} s; "
-            f"{len(ledgers[0].receipted)} messages receipted and delivered"
-        )
-        ledgers[0].check()
+        run = run_failovers(pair, rounds)
+        print(run.summary(f"on PostgreSQL, SIGKILL, lease_s {lease_s:g}"))
+        run.ledger.check()
         assert _lease_row(pg_server, schema)[1] == rounds + 1
-        assert max(takeovers) < lease_s + 3
-        assert master.stop() == 0
+        assert max(run.takeovers) < lease_s + 3
+        assert run.master.stop() == 0
