@@ -1,5 +1,11 @@
 """What a simulated life needs to run against the PostgreSQL store: the server (a URL, and a way
-to crash and restart it), a schema of its own per life, and the two faults a life injects.
+to crash and restart it), a schema of its own per life, and the faults a life injects.
+
+A `fault` event of a PostgreSQL life cuts connections instead of failing file calls (`Cut`): at
+the next step, while its batch waits for the held writer, the server ends the writer's
+connection, the reader's, or both (`pg_terminate_backend`). Nothing is dropped: the writer
+connects again and writes the batch (it did not commit), a read connects again, and the life
+goes on, checked against the model as before.
 
 Crashes of a PostgreSQL life (the `crash` event, on the event after it):
 - plain: once the event's step is done, the store is dropped without `close()` (the broker
@@ -14,6 +20,7 @@ Crashes of a PostgreSQL life (the `crash` event, on the event after it):
 
 from __future__ import annotations
 
+import enum
 import itertools
 import os
 from collections.abc import Callable
@@ -23,6 +30,15 @@ import psycopg
 from psycopg import sql
 
 _LIVES = itertools.count(1)
+
+
+class Cut(enum.Enum):
+    """Which of the store's connections the server ends."""
+
+    NONE = "none"
+    WRITER = "writer"
+    READER = "reader"
+    BOTH = "both"
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from .sim_harness import (
     store_frame,
 )
 from .sim_model import Mismatch, Model, Outcome
-from .sim_postgres import PgTarget, drop_schema, life_schema, terminate_backend
+from .sim_postgres import Cut, PgTarget, drop_schema, life_schema, terminate_backend
 
 WAIT_S = 20.0  # a step's handles must all complete within this
 FULL_DISK_WAIT_S = 0.5  # a writer waiting for space on a full disk gets it back after this
@@ -107,6 +107,8 @@ class Runner:
         self.schema = life_schema(life.seed) if self.postgres else ""
         # The `opt` of a crash armed for the next event of a PostgreSQL life.
         self.pg_crash = 0
+        # Connections of the store the server ends at the next step (`sim_postgres.Cut`).
+        self.pg_cut = Cut.NONE
         # Removes nobody waits for and cursor moves are written without a sync of their own.
         self.lazy_acks = (
             self.journal and life.config.sync is SyncPolicy.ALWAYS and not life.config.sync_acks
@@ -189,9 +191,12 @@ class Runner:
         """One event, its fault bookkeeping, and the checks after it."""
         # A PostgreSQL life crashes too (`sim_postgres`); the file-level events are the journal's.
         pg_crash = self.postgres and ev.kind is Kind.CRASH
-        if ev.kind in JOURNAL_ONLY and not self.journal and not pg_crash:
+        # In a PostgreSQL life a fault cuts the store's connections instead (`sim_postgres`).
+        pg_cut = self.postgres and ev.kind is Kind.FAULT
+        if ev.kind in JOURNAL_ONLY and not self.journal and not pg_crash and not pg_cut:
             return
-        handler = getattr(self, "_ev_" + ev.kind.name.lower())
+        name = "pg_cut" if pg_cut else ev.kind.name.lower()
+        handler = getattr(self, "_ev_" + name)
         fired_before = self.fs.stats.injected.total()
         self.event_outcomes = []
         try:
@@ -310,6 +315,8 @@ class Runner:
                 assert self.pg is not None
                 terminate_backend(self.pg.url, store.writer_backend_pid)
                 self.note("    the writer's connection terminated by the server")
+            if self.pg_cut is not Cut.NONE and isinstance(store, PostgresStore):
+                self.cut_connections(store)
             self.sink.release()
         self.result.steps += 1
         handles = [op.handle for op in ops]
@@ -588,6 +595,17 @@ class Runner:
         self.fault_span = 0
         self.model.drop_txs()
         self.open_store(exact=False)
+
+    def cut_connections(self, store: PostgresStore) -> None:
+        """The server ends the connections of `pg_cut` while the step's batch waits for the held
+        writer; the store connects again by itself, and the life goes on."""
+        assert self.pg is not None
+        cut, self.pg_cut = self.pg_cut, Cut.NONE
+        if cut in (Cut.WRITER, Cut.BOTH):
+            terminate_backend(self.pg.url, store.writer_backend_pid)
+        if cut in (Cut.READER, Cut.BOTH) and store.reader_backend_pid:
+            terminate_backend(self.pg.url, store.reader_backend_pid)
+        self.note(f"    the server ended the store's connections: {cut.value}")
 
     def pg_crash_restart(self) -> None:
         """The broker process died (see `sim_postgres`): drop the store without closing it,

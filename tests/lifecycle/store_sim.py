@@ -65,7 +65,7 @@ from .sim_harness import (
     workdir,
 )
 from .sim_model import Mismatch, TxAdd, fields_of
-from .sim_postgres import PgTarget
+from .sim_postgres import Cut, PgTarget
 from .sim_runner import COMPACT_MAX_ROUNDS, Runner
 
 DLQ_REASON = "x-dlq-reason"
@@ -327,6 +327,9 @@ class LifePlayer(Runner):
         torn = ((ev.uid * 37) % 100) / 100 if ev.opt & OPT_TORN else None
         self.fs.arm_crash(CrashPlan(ev.after, torn, bool(ev.opt & OPT_POWER)))
         self.crash_next = True
+
+    def _ev_pg_cut(self, ev: Event) -> None:
+        self.pg_cut = list(Cut)[1 + ev.opt % 3]
 
     def _ev_fault(self, ev: Event) -> None:
         self.fs.arm_fault(fault_of(ev))

@@ -555,6 +555,12 @@ class PostgresStore:
         """The server process of the writer's connection (`pg_stat_activity.pid`)."""
         return int(self._w.conn.info.backend_pid)
 
+    @property
+    def reader_backend_pid(self) -> int:
+        """The server process of the read connection (0 while there is none)."""
+        reader = self._reader
+        return 0 if reader is None or reader.closed else int(reader.info.backend_pid)
+
     def stats(self) -> StoreStats:
         """A snapshot of the store's numbers (no disk of its own: `disk_free_bytes` is -1)."""
         with self._lock:
