@@ -172,7 +172,7 @@ class LifePlayer(Runner):
             tx = self.model.begin(DLQ_SLOT, txid)
             ops.append(Op(self.s.add(copy, None, txid), noop))
             tx.adds.append(TxAdd(dlq, fields_of(copy), copy.headers.get(DEDUP_HEADER)))
-            ops.append(Op(self.s.remove(dest, seq, None, txid), noop))
+            ops.append(Op(self.s.remove(dest, seq, None, txid), noop, writes=self.tx_removes_write))
             tx.removes.append((dest, seq))
             seqs = [self.model.next_seq(dlq)]
             commit = self.s.commit(txid, seqs, None)
@@ -242,7 +242,18 @@ class LifePlayer(Runner):
             return
         txid = self.tx(ev)
         self.model.txs[ev.slot].removes.append((dest, victim[0]))
-        self.step(lambda ops: ops.append(Op(self.s.remove(dest, victim[0], None, txid), noop)))
+        self.step(
+            lambda ops: ops.append(
+                Op(self.s.remove(dest, victim[0], None, txid), noop, writes=self.tx_removes_write)
+            )
+        )
+
+    @property
+    def tx_removes_write(self) -> bool:
+        """Whether a transacted remove writes anything before its commit: the journal writes its
+        REMOVE record, the PostgreSQL store keeps it for the commit (so its batch syncs
+        nothing, and removes nobody waited for before it stay unsynced)."""
+        return not self.postgres
 
     def _ev_tx_commit(self, ev: Event) -> None:
         tx = self.model.txs.get(ev.slot)
