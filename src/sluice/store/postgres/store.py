@@ -74,6 +74,16 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SCHEMA = "sluice"
 CONNECT_TIMEOUT_S = 10
+# A peer gone silent (a network cut, a host that died) is an error within about 10 s, not a wait
+# for as long as TCP retries: keepalives for a connection waiting on an answer, and a bound on
+# data sent and never acknowledged.
+_LIVENESS: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 # How long the store tries to connect again after losing its connection (`[store] reconnect_s`).
 DEFAULT_RECONNECT_S = 30.0
 # A read that found no connection tries to make one at most this often.
@@ -137,7 +147,7 @@ class PostgresStore:
     def _connect(self, *, autocommit: bool) -> psycopg.Connection[Any]:
         try:
             conn = psycopg.connect(
-                self.url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S
+                self.url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S, **_LIVENESS
             )
         except psycopg.Error as exc:
             raise StoreOfflineError(
@@ -418,8 +428,13 @@ class PostgresStore:
         if reader is not None:
             return reader
         now = time.monotonic()
-        # Not again so soon after a failed attempt, unless the writer has connected since.
-        if now < self._read_retry_at and self._stats.reconnects == self._read_retry_reconnects:
+        # Not while the writer finds the database unreachable (connecting here, on the caller's
+        # thread, could wait for the connect timeout), nor again so soon after a failed attempt
+        # unless the writer has connected since.
+        stats = self._stats
+        if stats.unavailable or (
+            now < self._read_retry_at and stats.reconnects == self._read_retry_reconnects
+        ):
             raise StoreOfflineError(
                 f"postgres: no read connection to {safe_url(self.url)} (connecting again)"
             )

@@ -505,6 +505,9 @@ class Writer:
             except (StoreError, psycopg.Error, OSError) as exc:
                 error: BaseException = exc
             else:
+                if self._abandoned:  # dropped as a crash drops it: nothing more is written
+                    conn.close()
+                    raise StoreError("postgres: the store was dropped while connecting again")
                 try:
                     landed = self._learn(conn, number, reconnect)
                 except (psycopg.Error, OSError) as exc:
