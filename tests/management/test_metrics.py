@@ -69,6 +69,8 @@ def test_metrics_match_the_traffic(managed: Managed) -> None:
     assert m[("sluice_connections", ())] == 2
     assert m[("sluice_alarm", (("alarm", "memory"),))] == 0
     assert m[("sluice_alarm", (("alarm", "store_failed"),))] == 0
+    assert m[("sluice_alarm", (("alarm", "store_unavailable"),))] == 0
+    assert m[("sluice_store_reconnects_total", ())] == 0
     assert any(name == "sluice_build_info" for name, _labels in m)
     assert m[("sluice_memory_limit_bytes", ())] > 0
     assert m[("sluice_metrics_destinations_omitted", ())] == 0
