@@ -404,7 +404,7 @@ class Writer:
                     except StoreError as gave_up:
                         error = gave_up
                 log.error(
-                    "postgres: a batch of %d writes failed; the store stops: %s", len(batch), exc
+                    "postgres: a batch of %d writes failed; the store stops: %s", len(batch), error
                 )
                 self._set_failed(error)
                 self._fail(batch, handles, error)
@@ -544,7 +544,9 @@ class Writer:
         the database's."""
         row = conn.execute(_LAST_BATCH).fetchone()
         last = int(row[0]) if row is not None else 0
-        landed = number == 0 or last >= number
+        # This writer's batches are the only ones (the lease fences any other): the number is
+        # there exactly when the batch committed, and nothing of this writer's came after it.
+        landed = number in (0, last)
         if not landed:
             self.state = reconnect.read_state(conn)
         conn.commit()
