@@ -306,10 +306,11 @@ class Runner:
             barrier = store.commit(f"sim-barrier-{self.barriers}", [], barrier_mark)
             ops.append(Op(barrier, noop, writes=False))
             if self.crash_next and self.pg_crash & OPT_TORN and isinstance(store, PostgresStore):
-                # The batch is queued and the writer held: the server ends its connection.
+                # The batch is queued and the writer held: the server ends its connections.
                 assert self.pg is not None
-                terminate_backend(self.pg.url, store.writer_backend_pid)
-                self.note("    the writer's connection terminated by the server")
+                for pid in store.writer_backend_pids:
+                    terminate_backend(self.pg.url, pid)
+                self.note("    every writer connection terminated by the server")
             self.sink.release()
         self.result.steps += 1
         handles = [op.handle for op in ops]

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -95,7 +96,10 @@ def test_a_schema_of_version_1_is_migrated_with_its_messages(
     h = Harness("postgres", lambda: PostgresStore(pg_server.url(), schema=schema))
     recovery = h.open()
     try:
-        assert recovery.report == [f"postgres: schema '{schema}' migrated from version 1 to 2"]
+        assert recovery.report == [
+            f"postgres: schema '{schema}' migrated from version {n} to {n + 1}"
+            for n in range(1, SCHEMA_VERSION)
+        ]
         assert [m.body for m in h.s.load(Q, 0, 10, 1 << 20)] == [b"kept"]
         h.track(h.s.add(msg(Q, 2), None))
         h.settle()
@@ -319,6 +323,7 @@ def test_safe_url_never_shows_the_password() -> None:
         ('kind = "postgres"\nurl = "mysql://u:pw@h/db"', "got a mysql:// URL"),
         ('kind = "postgres"\nurl = "just-a-name"', "key=value connection string"),
         ('kind = "postgres"\nurl = "postgresql://h/db"\nschema = "Bad-Name"', "store.schema"),
+        ('kind = "postgres"\nurl = "postgresql://h/db"\nwrite_connections = 0', "1 to 4"),
     ],
 )
 def test_store_settings_are_checked(tmp_path: Path, toml: str, error: str) -> None:
@@ -520,3 +525,123 @@ def test_range_removes_and_a_deleted_destination_stay_hidden_while_queued(
 
 def loaded_seqs(harness: Harness) -> list[int]:
     return [m.seq for m in harness.s.load(Q, 0, 100, 1 << 30)]
+
+
+def _writer_waits(server: PgServer, pids: Sequence[int], count: int) -> None:
+    """Wait until `count` of the writer's backends `pids` wait for a lock."""
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        deadline = time.monotonic() + 20
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s) AND wait_event_type = 'Lock'"
+        )
+        while conn.execute(query, (list(pids),)).fetchone() != (count,):
+            assert time.monotonic() < deadline, conn.execute(
+                "SELECT pid, wait_event_type, wait_event, query FROM pg_stat_activity"
+            ).fetchall()
+            time.sleep(0.02)  # polling the server's view of its backends
+
+
+@contextlib.contextmanager
+def _messages_locked(server: PgServer, schema: str) -> Iterator[psycopg.Connection[Any]]:
+    """Another session holds the messages table: a batch that writes to it waits, holding the
+    chain's row (every later batch waits behind it), until the session ends."""
+    conn = psycopg.connect(server.url())
+    try:
+        conn.execute(f"LOCK TABLE {schema}.messages IN EXCLUSIVE MODE")  # type: ignore[arg-type]
+        yield conn
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            conn.rollback()
+        conn.close()
+
+
+def test_a_batch_that_removes_what_the_batch_before_adds_runs_beside_it(
+    h: Harness, pg_server: PgServer, schema: str
+) -> None:
+    """Batch 2 removes the message batch 1 adds, sent on the second connection while batch 1
+    is still open: it waits on the chain for batch 1's COMMIT, so its delete sees the row and
+    nothing comes back after a reopen. Completions come in batch order."""
+    h.track(h.s.add(msg(Q, 1, b"before"), None))
+    h.settle()
+    store = h.s
+    assert isinstance(store, PostgresStore)
+    pids = store.writer_backend_pids
+    assert len(pids) == 2
+    with _messages_locked(pg_server, schema) as locker:
+        added = h.track(store.add(msg(Q, 2, b"added, then removed"), None))
+        _writer_waits(pg_server, pids, 1)  # batch 1 is open, its add not written yet
+        removed = h.track(store.remove(Q, 2, lambda handle: None))
+        _writer_waits(pg_server, pids, 2)  # batch 2 waits on the chain, on the other connection
+        assert not added.done
+        assert not removed.done
+        locker.rollback()
+        h.sink.wait([added, removed])
+    assert [added.state, removed.state] == [WriteState.WRITTEN] * 2
+    delivered = h.sink.delivered
+    assert delivered.index(added) < delivered.index(removed)
+    assert loaded_seqs(h) == [1]
+    assert _sql(pg_server, schema, "SELECT seq FROM messages") == [(1,)]
+    h.reopen()
+    assert loaded_seqs(h) == [1]
+
+
+@pytest.mark.parametrize("lost", ["first", "second"])
+def test_a_lost_connection_with_two_batches_in_flight_writes_each_once(
+    h: Harness, pg_server: PgServer, schema: str, lost: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two batches in flight, one on each connection; the server ends the connection of the
+    first (both roll back: the second waited on the chain for it) or of the second (the first
+    commits). The writer connects again and writes what did not commit, once."""
+    h.track(h.s.add(msg(Q, 1, b"before"), None))
+    h.settle()
+    store = h.s
+    assert isinstance(store, PostgresStore)
+    first, second = store.writer_backend_pids
+    with _messages_locked(pg_server, schema) as locker:
+        one = h.track(store.add(msg(Q, 2, b"first batch"), None))
+        _writer_waits(pg_server, [first], 1)
+        two = h.track(store.add(msg(Q, 3, b"second batch"), None))
+        _writer_waits(pg_server, [first, second], 2)
+        with psycopg.connect(pg_server.url(), autocommit=True) as admin:
+            victim = first if lost == "first" else second
+            admin.execute("SELECT pg_terminate_backend(%s, 10000)", (victim,))
+        locker.rollback()
+        h.sink.wait([one, two])
+    assert [one.state, two.state] == [WriteState.WRITTEN] * 2
+    delivered = h.sink.delivered
+    assert delivered.index(one) < delivered.index(two)
+    # The first's failure is seen with the second still waiting behind it; the second's only
+    # once the first has been completed.
+    seen = {
+        "first": "of 2 batches in flight 0 had committed",
+        "second": "the batch in flight is written again",
+    }
+    assert seen[lost] in caplog.text
+    stats = store.stats()
+    assert (stats.reconnects, stats.write_errors, stats.unavailable) == (1, 0, False)
+    assert _sql(pg_server, schema, "SELECT seq, body FROM messages ORDER BY seq") == [
+        (1, b"before"),
+        (2, b"first batch"),
+        (3, b"second batch"),
+    ]
+    after = h.track(store.add(msg(Q, 4), None))
+    h.settle()
+    assert after.state is WriteState.WRITTEN
+    h.reopen()
+    assert loaded_seqs(h) == [1, 2, 3, 4]
+
+
+def test_the_chain_refuses_a_batch_whose_predecessor_did_not_commit(
+    h: Harness, pg_server: PgServer, schema: str
+) -> None:
+    """`writer_chain(prev, next)` moves the row on from `prev` only, and refuses a batch whose
+    number does not follow the last batch committed."""
+    (last,) = _sql(pg_server, schema, "SELECT batch FROM writer_batch")[0]
+    assert isinstance(last, int)
+    _sql(pg_server, schema, f"SELECT writer_chain({last}, {last + 1})")
+    assert _sql(pg_server, schema, "SELECT batch FROM writer_batch") == [(last + 1,)]
+    with pytest.raises(psycopg.errors.RaiseException, match="writer chain broken"):
+        _sql(pg_server, schema, f"SELECT writer_chain({last + 5}, {last + 6})")
+    with pytest.raises(psycopg.errors.RaiseException, match="writer chain broken"):
+        _sql(pg_server, schema, f"SELECT writer_chain({last - 1}, {last})")
+    assert _sql(pg_server, schema, "SELECT batch FROM writer_batch") == [(last + 1,)]

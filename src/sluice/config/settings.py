@@ -44,6 +44,8 @@ DEFAULT_LEASE_S = 10.0
 # costs the master its lease; above ten minutes a failover takes longer than anyone waits.
 MIN_LEASE_S = 1.0
 MAX_LEASE_S = 600.0
+# `[store] write_connections`: more than a few only adds commits waiting on the chain.
+MAX_WRITE_CONNECTIONS = 4
 
 
 class StoreKind(enum.Enum):
@@ -227,6 +229,9 @@ class StoreConfig:
     # After losing its connection, how long the PostgreSQL store connects again while writes
     # wait (producers pause as they pile up) before it fails; 0 fails it at once.
     reconnect_s: float = 30.0
+    # The PostgreSQL store's write connections: with 2, the next batch runs on one while a batch
+    # commits on the other (kept in order by the database); 1 writes one batch at a time.
+    write_connections: int = 2
 
     @property
     def disk_reserve_bytes(self) -> int:
@@ -435,6 +440,11 @@ class Config:
         for name in ("max_bytes", "reserve_bytes", "reconnect_s"):
             if getattr(store, name) < 0:
                 raise ConfigError(f"store.{name} must not be negative (got {getattr(store, name)})")
+        if not 1 <= store.write_connections <= MAX_WRITE_CONNECTIONS:
+            raise ConfigError(
+                f"store.write_connections must be 1 to {MAX_WRITE_CONNECTIONS} "
+                f"(got {store.write_connections})"
+            )
         if 0 < store.reserve_bytes < store.journal_file_bytes:
             raise ConfigError(
                 f"store.reserve_bytes ({store.reserve_bytes}) must hold at least one journal file "

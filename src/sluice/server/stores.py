@@ -100,4 +100,5 @@ def _postgres_store(config: Config, fence: DatabaseFence | None) -> MessageStore
         sync_acks=config.store.sync_acks,
         fence=fence,
         reconnect_s=config.store.reconnect_s,
+        write_connections=config.store.write_connections,
     )

@@ -87,6 +87,46 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE writer_batch (batch bigint NOT NULL)",
         "INSERT INTO writer_batch VALUES (0)",
     ),
+    # 2 -> 3: the chain of the writer's batches. Batches run on more than one connection at
+    # once, and each starts with `writer_chain(n - 1, n)`. It holds an advisory lock of its own
+    # number until it ends, waits for the one of batch n - 1 (taken and given back: nothing is
+    # held while waiting, so nothing waits for batch n that batch n - 1 might wait for), polls
+    # while batch n - 1 has not started yet, and moves the row on from n - 1 to n: every later
+    # statement of batch n sees what batch n - 1 wrote. It raises an error holding `writer
+    # chain broken` when batch n - 1 ended without committing, or the row holds another number:
+    # batch n then never commits either.
+    (
+        """CREATE FUNCTION writer_chain(prev bigint, next bigint) RETURNS void
+        LANGUAGE plpgsql AS $$
+        DECLARE
+            last bigint;
+            waited boolean;
+            started timestamptz := clock_timestamp();
+        BEGIN
+            PERFORM pg_advisory_xact_lock(22901, (next % 2147483647)::integer);
+            LOOP
+                waited := NOT pg_try_advisory_lock_shared(22901, (prev % 2147483647)::integer);
+                IF waited THEN
+                    PERFORM pg_advisory_lock_shared(22901, (prev % 2147483647)::integer);
+                END IF;
+                PERFORM pg_advisory_unlock_shared(22901, (prev % 2147483647)::integer);
+                UPDATE writer_batch SET batch = next WHERE batch = prev;
+                IF FOUND THEN
+                    RETURN;
+                END IF;
+                SELECT batch INTO last FROM writer_batch;
+                IF last < prev - 1 OR last > prev OR (waited AND last = prev - 1)
+                        OR clock_timestamp() - started > interval '60 seconds' THEN
+                    RAISE EXCEPTION 'writer chain broken: batch % after %, last committed %',
+                        next, prev, last;
+                END IF;
+                IF last = prev - 1 THEN
+                    PERFORM pg_sleep(0.0002);
+                END IF;
+            END LOOP;
+        END
+        $$""",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,9 +1,10 @@
 """`PostgresStore`: the persistent `MessageStore` on a PostgreSQL database (psycopg 3).
 
 Threads and connections: the caller (the broker's event loop) runs every method; writes are
-queued for the writer thread (`writer.Writer`), which owns one connection and commits each batch
-in one transaction (group commit: the COMMIT is the sync). Reads (`load`, `first_seq`, `inspect`)
-go through a second connection, in autocommit, under `_read_lock`.
+queued for the writer thread (`writer.Writer`), which commits each batch in one transaction
+(group commit: the COMMIT is the sync) on one of its two connections, the next batch running
+while one commits. Reads (`load`, `first_seq`, `inspect`) go through a connection of their own,
+in autocommit, under `_read_lock`.
 
 The overlay. A write is visible to `load` as soon as it is queued, as with the journal: `_lock`
 guards, per destination, the adds not yet committed (`_adds`, with their message until written),
@@ -75,6 +76,9 @@ DEFAULT_SCHEMA = "sluice"
 CONNECT_TIMEOUT_S = 10
 # How long the store tries to connect again after losing its connection (`[store] reconnect_s`).
 DEFAULT_RECONNECT_S = 30.0
+# The writer's connections (`[store] write_connections`): batches overlap, one a connection
+# (`writer.py`).
+DEFAULT_WRITE_CONNECTIONS = 2
 # A read that found no connection tries to make one at most this often.
 READ_RETRY_S = 0.25
 
@@ -103,10 +107,12 @@ class PostgresStore:
         sync_acks: bool = False,
         fence: DatabaseFence | None = None,
         reconnect_s: float = DEFAULT_RECONNECT_S,
+        write_connections: int = DEFAULT_WRITE_CONNECTIONS,
     ) -> None:
         self.url = url
         # After a lost connection, how long writes wait for a new one before the store fails.
         self.reconnect_s = reconnect_s
+        self.write_connections = write_connections
         # The high-availability lease every write batch is fenced by (`writer.DatabaseFence`).
         self.fence = fence
         # False: removes nobody waits for and cursor moves commit without waiting for the WAL
@@ -163,17 +169,20 @@ class PostgresStore:
         return what is stored."""
         if self._writer is not None:
             raise StoreError("store already open", safe_url(self.url))
-        conn = self._connect(autocommit=False)
+        conns = [self._connect(autocommit=False)]
         try:
-            recovery, state, max_row = recover(conn, self.schema, self.dedup_window)
-            conn.commit()
+            recovery, state, max_row = recover(conns[0], self.schema, self.dedup_window)
+            conns[0].commit()
             self._row_ids = itertools.count(max_row + 1)
+            # Batch n + 1 runs on the second while batch n commits on the first.
+            conns += [self._connect(autocommit=False) for _ in range(1, self.write_connections)]
             self._reader = self._connect(autocommit=True)
         except BaseException:
-            conn.close()
+            for conn in conns:
+                conn.close()
             raise
         self._writer = Writer(
-            conn=conn,
+            conns=conns,
             state=state,
             lock=self._lock,
             stats=self._stats,
@@ -217,7 +226,7 @@ class PostgresStore:
 
     def _release(self, writer: Writer, stopped: bool) -> None:
         if stopped:
-            writer.conn.close()
+            writer.close_connections()
         with self._read_lock:
             reader, self._reader = self._reader, None
             if reader is not None:
@@ -549,14 +558,20 @@ class PostgresStore:
         with self._lock:
             writer = self._w
             writer.cursors[(client_id, name)] = seq
-            writer.cond.notify()
+            writer.wake()
 
     # -- numbers ---------------------------------------------------------------------------------
 
     @property
     def writer_backend_pid(self) -> int:
-        """The server process of the writer's connection (`pg_stat_activity.pid`)."""
-        return int(self._w.conn.info.backend_pid)
+        """The server process of the writer's first connection, the one a batch goes to when
+        no other runs (`pg_stat_activity.pid`)."""
+        return self._w.lanes[0].backend_pid()
+
+    @property
+    def writer_backend_pids(self) -> list[int]:
+        """The server processes of all the writer's connections."""
+        return [pid for pid in (lane.backend_pid() for lane in self._w.lanes) if pid]
 
     def stats(self) -> StoreStats:
         """A snapshot of the store's numbers (no disk of its own: `disk_free_bytes` is -1)."""

@@ -1,24 +1,36 @@
-"""The PostgreSQL store's group-commit writer: one thread, one connection, one transaction per
-batch.
+"""The PostgreSQL store's group-commit writer: one transaction per batch, a batch at a time on
+each of its connections (`lanes.Lane`, two by default), kept in order by the database.
 
-Each turn it takes everything queued (up to `MAX_BATCH_OPS`) under the store lock, marking the
-handles TAKEN so they can no longer be cancelled, turns the ops into SQL statements (consecutive
-statements of one kind go as one `executemany`, pipelined), and COMMITs: the commit is the sync
-(the connection runs with `synchronous_commit = on`). Then it marks the handles WRITTEN, drops
-what the store's overlay held for them, and hands them all to the completion sink in one call.
+Each lane's thread, in turn, takes everything queued (up to `MAX_BATCH_OPS`) under the store
+lock, marking the handles TAKEN so they can no longer be cancelled, turns the ops into SQL
+statements (consecutive statements of one kind go as one `executemany`, pipelined), and COMMITs:
+the commit is the sync (the connections run with `synchronous_commit = on`). One lane builds at
+a time, so batches are numbered in the order they were taken; a lane takes the next batch while
+the other's commits only if someone waits for something queued (a batch of lazy removes alone
+rather joins the next one). Batches are completed in their order, whichever lane committed them:
+the handles marked WRITTEN, what the store's overlay held for them dropped, all of them handed to
+the completion sink in one call.
+
+The order in the database: every batch that writes starts with `writer_chain(n - 1, n)`
+(`schema.py`), which waits until batch n - 1 committed and moves `writer_batch` on to n, so
+every later statement of batch n sees what batch n - 1 wrote (a remove of a message it added, a
+commit of a transaction's adds, a destination it deleted); if batch n - 1 can no longer commit,
+the chain refuses batch n. No dependency between batches is tracked here.
 
 What the writer keeps between batches (destination ids, each destination's last sequence, the
-dedup windows' row positions, the number of its last batch) mirrors the database as of its last
-commit.
+dedup windows' row positions, the number of its last batch) mirrors the database as of the last
+batch built, which is committed once every batch before it is.
 
-A lost connection (the server restarted, a network cut) is not a failure: the writer holds the
-batch and everything queued behind it (the broker's pending-write limits then pause producers),
-connects again with backoff for up to `reconnect_s`, and learns whether the COMMIT in flight
-took effect from `writer_batch`, which every batch sets to its own number. If it did, the batch is
-done; if not, the writer reads its state back from the database and writes the batch again. Any
-other database error, or no connection within `reconnect_s`, fails the store, as a failed sync
-fails the journal: the batch's handles and every later write fail, and a restart reopens from
-what the database committed.
+Failures are dealt with by a thread of their own (`_mend`) once the oldest batch in flight
+failed; nothing is built or completed meanwhile. A lost connection (the server restarted, a
+network cut) is not a failure: the writer holds the batches in flight (cancelling one that
+waits on the chain for the lost one) and everything queued behind them (the broker's
+pending-write limits then pause producers), connects again with backoff for up to `reconnect_s`,
+and learns which batches committed from `writer_batch`. Those are done; the writer reads its
+state back from the database and writes the others again, in order, one at a time. Any other
+database error, or no connection within `reconnect_s`, fails the store, as a failed sync fails
+the journal: the batches' handles and every later write fail, and a restart reopens from what
+the database committed.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ from sluice.store.api import (
     WriteHandle,
     WriteState,
 )
+from sluice.store.postgres.lanes import Flight, Lane
 from sluice.store.postgres.schema import CHUNK_BYTES, chunks_of, encode_headers
 
 log = logging.getLogger(__name__)
@@ -57,6 +70,8 @@ STOP_TIMEOUT_S = 10.0
 # Waits between attempts to connect again: doubling from the first to the last.
 RECONNECT_FIRST_S = 0.05
 RECONNECT_MAX_S = 1.0
+# While failed batches are waited for, a batch still running is asked to stop this often.
+CANCEL_EVERY_S = 0.5
 
 
 class OpKind(enum.Enum):
@@ -206,7 +221,8 @@ _BULK = {
 }
 _ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off"
 _SUB_CURSOR = "UPDATE subscriptions SET cursor = %s WHERE client_id = %s AND name = %s"
-_BATCH = "UPDATE writer_batch SET batch = %s"
+# Every batch that writes starts with it (its number after the last batch's, `schema.py`).
+_CHAIN = "SELECT writer_chain(%s, %s)"
 _LAST_BATCH = "SELECT batch FROM writer_batch"
 
 
@@ -239,9 +255,10 @@ class Reconnect:
 
 class DatabaseFence(Protocol):
     """The high-availability lease as the writer uses it (`sluice.ha.PgLease`): checked on this
-    process's clock before each batch, and in the database by `statement()`, run first in every
-    batch's transaction, which raises an error holding `message` unless the lease is still this
-    process's. `lost(reason)` is told when the database refused a batch so."""
+    process's clock before each batch, and in the database by `statement()`, run in every
+    batch's transaction right after the chain step (once the batch before has committed),
+    which raises an error holding `message` unless the lease is still this process's.
+    `lost(reason)` is told when the database refused a batch so."""
 
     message: str
 
@@ -259,12 +276,13 @@ class DatabaseFence(Protocol):
 
 
 class Writer:
-    """Owns the write connection once started."""
+    """Owns the write connections (one `Lane` each, with its thread) once started, and a thread
+    that deals with failures."""
 
     def __init__(
         self,
         *,
-        conn: psycopg.Connection[Any],
+        conns: Sequence[psycopg.Connection[Any]],
         state: WriterState,
         lock: threading.Lock,
         stats: StoreStats,
@@ -275,31 +293,61 @@ class Writer:
         fence: DatabaseFence | None = None,
         reconnect: Reconnect | None = None,
     ) -> None:
-        self.conn = conn
         self.fence = fence
         self.reconnect = reconnect
-        # The connection's pipeline mode (left and entered again with a new connection).
-        self._pipeline = contextlib.ExitStack()
         # Batches of lazy removes and cursor moves alone commit without waiting for the flush.
         self.lazy_acks = lazy_acks
         self.state = state
         self.lock = lock
-        self.cond = threading.Condition(lock)
         self.stats = stats
         self.sink = sink
         self.queue: deque[Op] = deque()
+        # How many queued ops someone may wait for (not `lazy`).
+        self._waited = 0
         self.cursors: dict[tuple[str, str], int] = {}
         self.failed: BaseException | None = None
         self._on_written = on_written
         self._on_failed = on_failed
         self._closing = False
         self._abandoned = False
+        self.lanes = [Lane(n, conn, lock) for n, conn in enumerate(conns)]
+        # Built batches in order, oldest first, until completed.
+        self._flights: deque[Flight] = deque()
+        # A lane is taking and building a batch (one at a time: the order of the batches).
+        self._building = False
+        # A thread is completing the batches done, in order.
+        self._delivering = False
+        # The oldest batch failed: nothing more is built or completed until `_mend` is done.
+        self._trouble = False
+        # Everything is written (or the store dropped): the lanes end.
+        self._finished = False
+        # Batches to write again after a lost connection (before anything queued), one at a time.
+        self._redo: deque[tuple[list[Op], dict[tuple[str, str], int]]] = deque()
+        # Wakes the thread that deals with failures (`_mend`), and waits for lanes meanwhile.
+        self._mending = threading.Condition(lock)
         self._thread = threading.Thread(target=self._run, name="sluice-postgres", daemon=True)
+        for lane in self.lanes:
+            lane.thread = threading.Thread(
+                target=self._lane_run,
+                args=(lane,),
+                name=f"sluice-postgres-{lane.index}",
+                daemon=True,
+            )
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        """The first lane's connection: the one a batch goes to when nothing else runs."""
+        conn = self.lanes[0].conn
+        assert conn is not None
+        return conn
 
     # -- called by the store ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the thread."""
+        """Start the threads."""
+        for lane in self.lanes:
+            assert lane.thread is not None
+            lane.thread.start()
         self._thread.start()
 
     def submit(self, op: Op) -> None:
@@ -307,59 +355,123 @@ class Writer:
         self.queue.append(op)
         self.stats.pending_writes += 1
         self.stats.pending_write_bytes += op.nbytes
-        self.cond.notify()
+        if not op.lazy:
+            self._waited += 1
+        self.wake()
+
+    def wake(self) -> None:
+        """Something was queued: wake a lane that sleeps and may take it, the first first (a
+        batch goes to the first lane when nothing else runs). The caller holds `lock`."""
+        for lane in self.lanes:
+            if lane.waiting and self._may_build(lane):
+                lane.cond.notify()
+                return
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
-        """Write what is queued and end the thread; False if it did not end in time."""
-        with self.cond:
-            self._closing = True
-            self.cond.notify_all()
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            log.error("the postgres writer did not stop within %.0f s; leaving it", timeout_s)
-            return False
-        return True
+        """Write what is queued and end the threads; False if they did not end in time."""
+        self._end(abandon=False)
+        return self._join(timeout_s)
 
     def abandon(self) -> None:
-        """End the thread after the batch in progress, writing nothing more (a crash)."""
-        with self.cond:
-            self._abandoned = True
+        """End the threads after the batches in progress, writing nothing more (a crash)."""
+        self._end(abandon=True)
+        self._join(STOP_TIMEOUT_S)
+
+    def close_connections(self) -> None:
+        """Close every connection (the threads have ended)."""
+        for lane in self.lanes:
+            with contextlib.suppress(psycopg.Error, OSError):
+                lane.close()
+
+    def _end(self, *, abandon: bool) -> None:
+        with self.lock:
             self._closing = True
-            self.cond.notify_all()
-        self._thread.join(STOP_TIMEOUT_S)
+            self._abandoned = self._abandoned or abandon
+            self._wake_all()
 
-    # -- the thread ------------------------------------------------------------------------------
+    def _join(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        for thread in [self._thread, *(lane.thread for lane in self.lanes)]:
+            assert thread is not None
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.error("the postgres writer did not stop within %.0f s; leaving it", timeout_s)
+                return False
+        return True
 
-    def _run(self) -> None:
+    def _wake_all(self) -> None:
+        for lane in self.lanes:
+            lane.cond.notify()
+        self._mending.notify()
+
+    # -- the lanes -------------------------------------------------------------------------------
+
+    def _lane_run(self, lane: Lane) -> None:
         try:
-            # Pipeline mode for the connection's life: a batch's statements and its COMMIT go in
-            # one round trip (leaving the mode after each batch would cost another).
-            self._pipeline.enter_context(self.conn.pipeline())
-            self._loop()
-            self._pipeline.close()
-        except (psycopg.Error, OSError) as exc:
-            # Leaving pipeline mode on a connection that is gone: the store failed already.
-            if self.failed is None:
-                log.error("postgres writer: %s", exc)
-                self._set_failed(exc)
+            self._lane_loop(lane)
         except BaseException as exc:  # the thread's boundary: fail loudly, never silently stop
             log.exception("postgres writer failed")
             self._set_failed(exc)
+            with self.lock:
+                job, lane.job = lane.job, None
+                if job is not None:
+                    job.error, job.done = exc, True
+                self._building = False
+                self._trouble = True
+                self._wake_all()
 
-    def _loop(self) -> None:
+    def _lane_loop(self, lane: Lane) -> None:
+        """Turn after turn: take and build the next batch (one lane at a time, so the batches
+        are numbered in order), run it, and complete what is done, in order. Batch n + 1 is
+        built and sent on one lane while batch n commits on the other."""
         while True:
-            with self.cond:
-                while not (self.queue or self.cursors or self._closing):
-                    self.cond.wait()
-                if self._abandoned:
+            with self.lock:
+                while not (self._finished or self._may_build(lane)):
+                    lane.waiting = True
+                    lane.cond.wait()
+                    lane.waiting = False
+                if self._finished:
                     return
-                batch = self._take()
-                cursors, self.cursors = self.cursors, {}
-                finishing = self._closing and not self.queue
-            if batch or cursors:
-                self._process(batch, cursors)
-            if finishing:
-                return
+                self._building = True
+                if self._redo:
+                    batch, cursors = self._redo.popleft()
+                else:
+                    batch = self._take()
+                    cursors, self.cursors = self.cursors, {}
+            flight = self._build_flight(batch, cursors)
+            with self.lock:
+                self._building = False
+                self._tell_mender()
+                self._flights.append(flight)
+                if not flight.done:
+                    flight.lane = lane
+                    lane.job = flight
+                self.wake()  # the other lane may take the rest while this one commits
+            if not flight.done:
+                error = lane.commit(flight)
+                with self.lock:
+                    flight.error = error
+                    flight.done = True
+                    lane.job = None
+                    self._tell_mender()
+            self._complete_done()
+
+    def _idle(self) -> bool:
+        return not (self.queue or self.cursors or self._redo)
+
+    def _may_build(self, lane: Lane) -> bool:
+        """Whether `lane` may take the next batch now. The caller holds the lock."""
+        if self._abandoned or self._building or self._trouble or self._idle():
+            return False
+        if self.failed is not None:
+            return True  # it fails in turn
+        if self._redo and self._flights:
+            return False  # batches written again go one at a time
+        if not self._waited and any(other.job is not None for other in self.lanes):
+            # Nobody waits for what is queued: it joins the next batch rather than making a
+            # small one of its own (each batch is a commit).
+            return False
+        return lane.conn is not None
 
     def _take(self) -> list[Op]:
         batch: list[Op] = []
@@ -372,53 +484,141 @@ class Writer:
             handle = op.handle
             if handle is not None and handle.state is WriteState.PENDING:
                 handle.state = WriteState.TAKEN
+            if not op.lazy:
+                self._waited -= 1
         self.stats.pending_writes -= len(batch)
         self.stats.pending_write_bytes -= nbytes
         return batch
 
-    def _process(self, batch: list[Op], cursors: dict[tuple[str, str], int]) -> None:
+    def _build_flight(self, batch: list[Op], cursors: dict[tuple[str, str], int]) -> Flight:
         handles = [op.handle for op in batch if op.handle is not None]
+        flight = Flight(batch, cursors, handles)
         if self.failed is not None:
-            self._fail(batch, handles, self.failed)
-            return
-        while True:
-            try:
-                statements, number, lazy, records = self._build(batch, cursors)
-            except FencedError as exc:
-                self._set_failed(exc)
-                self._fail(batch, handles, exc)
-                return
-            try:
-                # One round trip for the whole batch and its COMMIT (the connection is in
-                # pipeline mode: the commit sends everything and waits for the results).
-                with self.conn.cursor() as cur:
-                    statements.run(cur)
-                self.conn.commit()
-            except (psycopg.Error, OSError) as exc:
-                error = self._refused(exc)
-                if error is None:
-                    try:
-                        if self._connect_again(exc, number):
-                            break  # the COMMIT in flight took effect
-                        continue  # it did not: the state is the database's again; write it
-                    except StoreError as gave_up:
-                        error = gave_up
-                log.error(
-                    "postgres: a batch of %d writes failed; the store stops: %s", len(batch), exc
-                )
-                self._set_failed(error)
-                self._fail(batch, handles, error)
-                return
-            break
+            flight.error, flight.fatal, flight.done = self.failed, True, True
+            return flight
+        try:
+            flight.statements, flight.number, flight.lazy, flight.records = self._build(
+                batch, cursors
+            )
+        except FencedError as exc:
+            self._set_failed(exc)
+            flight.error, flight.fatal, flight.done = exc, True, True
+        return flight
+
+    def _complete_done(self) -> None:
+        """Complete the oldest batches that are done, in order, unless another thread does;
+        a failed one is left to `_mend`."""
         with self.lock:
-            for handle in handles:
+            if self._delivering:
+                return  # that thread completes this batch too once it is the oldest
+            self._delivering = True
+        while True:
+            with self.lock:
+                head = self._flights[0] if self._flights else None
+                if self._trouble or head is None or not head.done:
+                    head = None
+                elif head.error is not None:
+                    self._trouble = True
+                    head = None
+                else:
+                    self._flights.popleft()
+                if head is None:
+                    self._delivering = False
+                    self._tell_mender()
+                    return
+            self._written(head)
+
+    def _tell_mender(self) -> None:
+        """Wake `_mend_loop` if it has something to see (not after every batch: each wake is a
+        thread switch). The caller holds the lock."""
+        if self._trouble or self._closing:
+            self._mending.notify()
+
+    def _written(self, flight: Flight) -> None:
+        with self.lock:
+            for handle in flight.handles:
                 if handle.state is WriteState.TAKEN:
                     handle.state = WriteState.WRITTEN
-            self.stats.written_records += records + len(cursors)
+            self.stats.written_records += flight.records + len(flight.cursors)
             self.stats.batches += 1
-            self.stats.syncs += 0 if lazy else 1
-            self._on_written(batch)
-        self._deliver(handles)
+            self.stats.syncs += 0 if flight.lazy else 1
+            self._on_written(flight.batch)
+        self._deliver(flight.handles)
+
+    # -- failures --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._mend_loop()
+        except BaseException as exc:  # the thread's boundary: fail loudly, never silently stop
+            log.exception("postgres writer failed")
+            self._set_failed(exc)
+            for flight in self._drain():
+                self._fail(flight, exc)
+        with self.lock:
+            self._finished = True
+            self._wake_all()
+
+    def _mend_loop(self) -> None:
+        """Wait for the oldest batch to fail, and deal with it; end once everything queued is
+        written after `stop` (or the batches in flight are done after `abandon`)."""
+        while True:
+            with self.lock:
+                while not self._trouble:
+                    if (
+                        self._closing
+                        and not (self._flights or self._building or self._delivering)
+                        and (self._abandoned or self._idle())
+                    ):
+                        return
+                    self._mending.wait()
+            self._mend()
+            with self.lock:
+                self._trouble = False
+                self._wake_all()
+
+    def _mend(self) -> None:
+        """The oldest batch failed: every batch in flight is waited for (none completes before
+        it), then either the connection is made again and what did not commit is written again,
+        or the store fails with all of them."""
+        flights = self._drain()
+        if not flights:
+            return  # a lane's thread failed: `failed` is set, the next batches fail in turn
+        head = flights[0]
+        assert head.error is not None
+        error = head.error if head.fatal else self._refused(head)
+        if error is None:
+            self._ride_through(flights)
+            return
+        if not head.fatal:
+            log.error(
+                "postgres: a batch of %d writes failed; the store stops: %s",
+                len(head.batch),
+                head.error,
+            )
+        self._set_failed(error)
+        # No later batch commits without this one (the chain): they fail with it, in order.
+        for flight in flights:
+            self._fail(flight, error)
+
+    def _drain(self) -> list[Flight]:
+        """Wait until every batch in flight is done, cancelling what still runs (batches waiting
+        on the chain for one that failed; again every `CANCEL_EVERY_S`, for a cancel that came
+        before the statement), and take them all, in order."""
+        while True:
+            with self.lock:
+                while self._building:
+                    self._mending.wait()
+                running = [f.lane for f in self._flights if not f.done and f.lane is not None]
+                if not running:
+                    flights = list(self._flights)
+                    self._flights.clear()
+                    return flights
+            for lane in running:  # a request to the server: not under the store's lock
+                lane.cancel()
+            with self.lock:
+                if any(not f.done for f in self._flights):
+                    self._mending.wait(CANCEL_EVERY_S)
 
     def _build(
         self, batch: list[Op], cursors: dict[tuple[str, str], int]
@@ -430,13 +630,15 @@ class Writer:
         fence = self.fence
         if fence is not None:
             fence.check()
-            statements.add(*fence.statement())
         writes = [op for op in batch if op.kind is not OpKind.NOTHING]
         number = 0
         if writes or cursors:
-            self.state.batch += 1
-            number = self.state.batch
-            statements.add(_BATCH, (number,))
+            # First: it waits for the batch before to commit (see `writer_chain`).
+            number = self.state.batch + 1
+            statements.add(_CHAIN, (self.state.batch, number))
+            self.state.batch = number
+        if fence is not None:
+            statements.add(*fence.statement())
         # Nobody waits for these to be durable: the commit does not wait for the WAL flush; the
         # next synchronous commit (or the WAL writer, within a fraction of a second) covers it.
         lazy = self.lazy_acks and bool(writes or cursors) and not any(map(_needs_sync, batch))
@@ -461,25 +663,74 @@ class Writer:
                 statements.add(_LAST_SEQ, (seq, self.state.dest_ids[destination]))
         return statements, number, lazy, records
 
-    def _refused(self, exc: BaseException) -> BaseException | None:
-        """What a failed batch fails with, or None when the connection was lost and may be made
+    def _refused(self, flight: Flight) -> BaseException | None:
+        """What a failed batch fails with, or None when its connection was lost and may be made
         again."""
+        exc = flight.error
+        assert exc is not None
+        assert flight.lane is not None
         fence = self.fence
         if fence is not None and fence.message in str(exc):
             fence.lost("the database refused a batch for want of the lease")
             return FencedError("the database refused a batch: this broker lost its lease")
         reconnect = self.reconnect
-        if reconnect is None or reconnect.timeout_s <= 0 or not connection_lost(self.conn, exc):
+        conn = flight.lane.conn
+        if (
+            reconnect is None
+            or reconnect.timeout_s <= 0
+            or conn is None
+            or not connection_lost(conn, exc)
+        ):
             return exc
         return None
 
     # -- a lost connection -----------------------------------------------------------------------
 
-    def _connect_again(self, lost: BaseException, number: int) -> bool:
-        """Connect again (the batch's number `number`, 0 if it writes nothing, was in flight):
-        True if that batch committed, False if not (the state is then read back from the
-        database). Raises StoreError when no connection came within `reconnect_s`, or the
-        store is being dropped, and FencedError when the lease was lost meanwhile."""
+    def _ride_through(self, flights: list[Flight]) -> None:
+        """The oldest batch of `flights` (all done) lost its connection: connect again, complete
+        the batches that committed, and write the others again, in order, one at a time, from
+        the state read back from the database."""
+        head = flights[0]
+        assert head.error is not None
+        numbers = [flight.number for flight in flights]
+        try:
+            last = self._connect_again(head.error, max(numbers))
+        except (StoreError, FencedError) as gave_up:
+            log.error(
+                "postgres: a batch of %d writes failed; the store stops: %s",
+                len(head.batch),
+                head.error,
+            )
+            self._set_failed(gave_up)
+            for flight in flights:
+                self._fail(flight, gave_up)
+            return
+        # Batch n + 1 commits only after batch n: those that landed come first.
+        landed = 0
+        while landed < len(flights) and (numbers[landed] == 0 or numbers[landed] <= last):
+            landed += 1
+        log.warning(
+            "postgres: the writer is connected again; %s",
+            "the batch in flight had committed"
+            if landed == len(flights) == 1
+            else "the batch in flight is written again"
+            if len(flights) == 1
+            else f"of {len(flights)} batches in flight {landed} had committed, the others are "
+            "written again",
+        )
+        for flight in flights[:landed]:
+            self._written(flight)
+        with self.lock:
+            self._redo.extendleft(
+                (flight.batch, flight.cursors) for flight in reversed(flights[landed:])
+            )
+
+    def _connect_again(self, lost: BaseException, number: int) -> int:
+        """Connect every lane again (batches up to `number` were in flight, 0 if none writes
+        anything): the number of the last batch committed. The state is read back from the
+        database when that is not `number`. Raises StoreError when no connection came within
+        `reconnect_s`, or the store is being dropped, and FencedError when the lease was lost
+        meanwhile."""
         reconnect = self.reconnect
         assert reconnect is not None
         log.warning(
@@ -490,62 +741,65 @@ class Writer:
         )
         with self.lock:
             self.stats.unavailable = True
-        with contextlib.suppress(psycopg.Error, OSError):
-            self._pipeline.close()
-        with contextlib.suppress(psycopg.Error, OSError):
-            self.conn.close()
+            for lane in self.lanes:
+                lane.replace(None)
         started = time.monotonic()
         deadline = started + reconnect.timeout_s
-        delay = RECONNECT_FIRST_S
-        while True:
-            if self.fence is not None:
-                self.fence.check()
-            try:
-                conn = reconnect.connect()
-            except (StoreError, psycopg.Error, OSError) as exc:
-                error: BaseException = exc
-            else:
+        last = -1
+        for lane in self.lanes:
+            delay = RECONNECT_FIRST_S
+            conn: psycopg.Connection[Any] | None = None
+            while True:
+                if self.fence is not None:
+                    self.fence.check()
                 try:
-                    landed = self._learn(conn, number, reconnect)
-                except (psycopg.Error, OSError) as exc:
-                    conn.close()
-                    error = exc
+                    conn = reconnect.connect()
+                except (StoreError, psycopg.Error, OSError) as exc:
+                    error: BaseException = exc
                 else:
-                    break
-            with self.cond:
-                if self._abandoned:
-                    raise StoreError("postgres: the store was dropped while connecting again")
-                if self._closing:  # the broker stops: try a little longer, not for ever
-                    deadline = min(deadline, time.monotonic() + STOP_TIMEOUT_S / 2)
-                if time.monotonic() + delay > deadline:
-                    raise StoreError(
-                        f"postgres: no connection within reconnect_s = {reconnect.timeout_s:g} "
-                        f"s: {error}"
-                    )
-                self.cond.wait(delay)
-            delay = min(2 * delay, RECONNECT_MAX_S)
-        self.conn = conn
-        self._pipeline.enter_context(conn.pipeline())
+                    try:
+                        if last < 0:
+                            last = self._learn(conn, number, reconnect)
+                    except (psycopg.Error, OSError) as exc:
+                        conn.close()
+                        error = exc
+                    else:
+                        break
+                with self.lock:
+                    if self._abandoned:
+                        raise StoreError("postgres: the store was dropped while connecting again")
+                    if self._closing:  # the broker stops: try a little longer, not for ever
+                        deadline = min(deadline, time.monotonic() + STOP_TIMEOUT_S / 2)
+                    if time.monotonic() + delay > deadline:
+                        if last < 0:
+                            raise StoreError(
+                                "postgres: no connection within reconnect_s = "
+                                f"{reconnect.timeout_s:g} s: {error}"
+                            )
+                        log.warning("postgres: the writer goes on with fewer connections")
+                        conn = None
+                        break
+                    self._mending.wait(delay)
+                delay = min(2 * delay, RECONNECT_MAX_S)
+            with self.lock:
+                lane.replace(conn)
         with self.lock:
             self.stats.unavailable = False
             self.stats.reconnects += 1
         log.warning(
-            "postgres: the writer is connected again after %.1f s; the batch in flight %s",
-            time.monotonic() - started,
-            "had committed" if landed else "is written again",
+            "postgres: the writer is connected again after %.1f s", time.monotonic() - started
         )
-        return landed
+        return last
 
-    def _learn(self, conn: psycopg.Connection[Any], number: int, reconnect: Reconnect) -> bool:
-        """On a new connection: did batch `number` commit? If not, the writer's state becomes
-        the database's."""
+    def _learn(self, conn: psycopg.Connection[Any], number: int, reconnect: Reconnect) -> int:
+        """On a new connection: the number of the last batch committed. If batch `number` did
+        not commit, the writer's state becomes the database's."""
         row = conn.execute(_LAST_BATCH).fetchone()
         last = int(row[0]) if row is not None else 0
-        landed = number == 0 or last >= number
-        if not landed:
+        if number != 0 and last < number:
             self.state = reconnect.read_state(conn)
         conn.commit()
-        return landed
+        return last
 
     # -- ops into SQL ----------------------------------------------------------------------------
 
@@ -689,19 +943,16 @@ class Writer:
             if self.failed is None:
                 self.failed = exc
                 self.stats.write_errors += 1
-        # A connection that is gone had its transaction rolled back by the server.
-        with contextlib.suppress(psycopg.Error, OSError):
-            self.conn.rollback()
 
-    def _fail(self, batch: list[Op], handles: list[WriteHandle], exc: BaseException) -> None:
+    def _fail(self, flight: Flight, exc: BaseException) -> None:
         error = exc if isinstance(exc, StoreError) else StoreError(f"postgres write failed: {exc}")
         with self.lock:
-            for handle in handles:
+            for handle in flight.handles:
                 if not handle.done:
                     handle.state = WriteState.FAILED
                     handle.error = error
-            self._on_failed(batch)
-        self._deliver(handles)
+            self._on_failed(flight.batch)
+        self._deliver(flight.handles)
 
 
 # The server ended the session (a shutdown, a crash of another backend, pg_terminate_backend,
