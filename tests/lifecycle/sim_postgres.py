@@ -4,7 +4,7 @@ to crash and restart it), a schema of its own per life, and the two faults a lif
 Crashes of a PostgreSQL life (the `crash` event, on the event after it):
 - plain: once the event's step is done, the store is dropped without `close()` (the broker
   process is gone; its connections close, the server rolls back what was not committed);
-- `opt` torn bit: the writer's connection is terminated by the server (`pg_terminate_backend`)
+- `opt` torn bit: every writer connection is terminated by the server (`pg_terminate_backend`)
   while the step's batch waits for it: the writer connects again, finds the batch did not
   commit, reads its state back from the database and writes the batch again; then the store is
   dropped;
