@@ -699,7 +699,7 @@ class Writer:
             log.error(
                 "postgres: a batch of %d writes failed; the store stops: %s",
                 len(head.batch),
-                head.error,
+                gave_up,
             )
             self._set_failed(gave_up)
             for flight in flights:
