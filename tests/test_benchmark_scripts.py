@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RunningBroker
+from pgserver import unavailable_reason as pg_unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,6 +41,13 @@ SCRIPTS = [
         ["journal_store.py", "adds", "--seconds", "0.2"], "adds/sync=", id="journal_store"
     ),
     pytest.param(["streams.py", "--size", "2MiB", "--no-kill"], "verified", id="streams"),
+    pytest.param(
+        ["postgres_store.py", "--seconds", "0.3", "--outstanding", "1,8"],
+        "adds/batch=",
+        id="postgres_store",
+        # It starts a throwaway PostgreSQL server as the `postgres` user.
+        marks=pytest.mark.skipif(pg_unavailable() is not None, reason=str(pg_unavailable())),
+    ),
     pytest.param(
         ["tls_cost.py", "--count", "2000", "--runs", "1", "--connections", "20"],
         "connections (tls",
