@@ -17,8 +17,8 @@ import psycopg
 
 from sluice.errors import StoreError
 from sluice.store.api import StoredMessage
+from sluice.store.postgres.batch import Op
 from sluice.store.postgres.schema import decode_headers
-from sluice.store.postgres.writer import Op
 
 MAX_SEQ = (1 << 63) - 1
 # Rows whose sizes a page reads per query while it fills its budget.

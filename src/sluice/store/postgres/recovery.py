@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 
 from sluice.store.api import RecoveredDestination, RecoveredSubscription, Recovery
+from sluice.store.postgres.batch import WriterState
 from sluice.store.postgres.schema import migrate
-from sluice.store.postgres.writer import WriterState
 
 
 def recover(

@@ -13,7 +13,7 @@ anything is sliced. A body larger than `CHUNK_BYTES` is kept in rows of `message
 in one huge value.
 
 There are no foreign keys: the store's one writer keeps the references whole (a message's chunks
-are deleted by the statement that deletes it, `writer.py`), and a key check per inserted row (a
+are deleted by the statement that deletes it, `batch.py`), and a key check per inserted row (a
 lock on the destination's row, written to the WAL) would cost every send.
 """
 

@@ -56,19 +56,11 @@ from sluice.store.api import (
     WriteState,
     take_for_commit,
 )
+from sluice.store.postgres.batch import Op, OpKind, TxAdd, WriterState
 from sluice.store.postgres.reads import MAX_SEQ, Shown, Snapshot, first_seq, read_page
 from sluice.store.postgres.recovery import read_state, recover
 from sluice.store.postgres.urls import safe_url
-from sluice.store.postgres.writer import (
-    DatabaseFence,
-    Op,
-    OpKind,
-    Reconnect,
-    TxAdd,
-    Writer,
-    WriterState,
-    connection_lost,
-)
+from sluice.store.postgres.writer import DatabaseFence, Reconnect, Writer, connection_lost
 
 log = logging.getLogger(__name__)
 
