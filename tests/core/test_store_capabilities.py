@@ -75,6 +75,8 @@ def test_a_dispatch_pass_the_store_cannot_serve_runs_again_later() -> None:
     retries = h.broker.counters["store_read_retries"]
     assert retries >= 1
     assert STORE_RETRY_S in {timer.delay for timer in h.loop.timers}
+    # Every failed pass of the queue (at the start, at the subscribe) shares one pending retry.
+    assert [timer.delay for timer in h.loop.timers].count(STORE_RETRY_S) == 1
     h.loop.fire_timers()  # still offline: tried again, and again later
     assert link.bodies() == []
     assert h.broker.counters["store_read_retries"] > retries

@@ -132,7 +132,9 @@ class Destination:
         self.open_streams = OpenStreams()
         self._scheduled = False
         self._stopped = False
+        # The store could not be read by the last pass; a retry is pending (one at a time).
         self._store_unavailable = False
+        self._retry_pending = False
         self._dispatch_cb = self._run_dispatch
         # Open transactions holding messages for this destination (it must not be removed).
         self.pins = 0
@@ -174,11 +176,17 @@ class Destination:
                 self._store_unavailable = True
                 log.warning("%s: the store cannot be read (%s); dispatch retries", self.name, exc)
             self.services.count("store_read_retries")
-            self.services.call_later(STORE_RETRY_S, self.wakeup)
+            if not self._retry_pending:  # passes that fail meanwhile share it
+                self._retry_pending = True
+                self.services.call_later(STORE_RETRY_S, self._retry_dispatch)
             return
         if self._store_unavailable:
             self._store_unavailable = False
             log.info("%s: the store can be read again", self.name)
+
+    def _retry_dispatch(self) -> None:
+        self._retry_pending = False
+        self.wakeup()
 
     def dispatch(self) -> None:
         """Hand messages to subscriptions with credit."""

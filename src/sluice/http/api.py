@@ -105,6 +105,7 @@ class DestinationsApi:
         broker = self.broker
         config = broker.config
         stats = broker.snapshot()
+        store_stats = broker.store.stats()
         depth = broker.depth_totals()
         totals = dataclasses.asdict(broker.totals())
         store, temp = broker.store_disk, broker.temp_disk
@@ -132,8 +133,8 @@ class DestinationsApi:
                 "pending_writes": broker.pending_writes,
                 "full": store.full,
                 "failed": broker.store_failed,
-                "unavailable": broker.store.stats().unavailable,
-                "reconnects": broker.store.stats().reconnects,
+                "unavailable": store_stats.unavailable,
+                "reconnects": store_stats.reconnects,
             },
             "temp_store": {
                 "disk_bytes": stats["temp_disk_bytes"],
@@ -159,7 +160,7 @@ class DestinationsApi:
                 "store_full": store.full,
                 "temp_full": temp.full,
                 "store_failed": broker.store_failed,
-                "store_unavailable": broker.store.stats().unavailable,
+                "store_unavailable": store_stats.unavailable,
             },
         }
         return web.json_response(body)

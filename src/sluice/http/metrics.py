@@ -147,8 +147,9 @@ class BrokerCollector(Collector):
             yield CounterMetricFamily(f"sluice_{name}", text, value)
         yield from self._destinations(broker.destination_views())
         yield from self._connections(managed.connection_views(), stats)
-        yield from self._resources(stats)
-        yield from self._alarms(stats)
+        store_stats = broker.store.stats()
+        yield from self._resources(stats, store_stats)
+        yield from self._alarms(store_stats)
         yield from self._refusals(stats)
 
     def _destinations(self, views: list[DestinationView]) -> Iterator[Metric]:
@@ -226,7 +227,7 @@ class BrokerCollector(Collector):
             handshakes.add_metric(["http"], http)
             yield handshakes
 
-    def _resources(self, stats: dict[str, int]) -> Iterator[Metric]:
+    def _resources(self, stats: dict[str, int], store_stats: StoreStats) -> Iterator[Metric]:
         broker = self._serving.managed.broker
         store, temp = broker.store_disk, broker.temp_disk
         for name, text, value in (
@@ -241,7 +242,6 @@ class BrokerCollector(Collector):
             ("store_pending_writes", "Writes handed to the store, not done", broker.pending_writes),
         ):
             yield GaugeMetricFamily(f"sluice_{name}", text, value)
-        store_stats = broker.store.stats()
         yield GaugeMetricFamily("sluice_store_files", "Journal data files", store_stats.files)
         yield _sync_histogram(store_stats)
         for name, text, value in (
@@ -278,7 +278,7 @@ class BrokerCollector(Collector):
         episodes.add_metric(["temp"], stats.get("temp_full_episodes", 0))
         yield episodes
 
-    def _alarms(self, stats: dict[str, int]) -> Iterator[Metric]:
+    def _alarms(self, store_stats: StoreStats) -> Iterator[Metric]:
         broker = self._serving.managed.broker
         alarm = GaugeMetricFamily(
             "sluice_alarm", "1 while the alarm is raised, else 0", labels=["alarm"]
@@ -289,7 +289,7 @@ class BrokerCollector(Collector):
             ("store_full", broker.store_disk.full),
             ("temp_full", broker.temp_disk.full),
             ("store_failed", broker.store_failed),
-            ("store_unavailable", broker.store.stats().unavailable),
+            ("store_unavailable", store_stats.unavailable),
         ):
             alarm.add_metric([name], int(raised))
         yield alarm
