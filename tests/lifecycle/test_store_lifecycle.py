@@ -1146,6 +1146,23 @@ def test_open_store_bug(seed: int, events: list[str], check: str, symptom: str) 
     assert result.failure is None, f"{check}: {symptom}: {result.failure}"
 
 
+def _by_hand(data_dir: Path, *, compaction_live_ratio: float) -> StoreConfig:
+    """A journal of 16 KiB files whose collections and checkpoints run only when called."""
+    return StoreConfig(
+        data_dir=data_dir,
+        journal_file_bytes=16 * KiB,
+        gc_interval_s=3600.0,
+        checkpoint_interval_s=3600.0,
+        compaction_live_ratio=compaction_live_ratio,
+    )
+
+
+def _open(config: StoreConfig) -> JournalStore:
+    store = JournalStore(config)
+    store.open(lambda handles: None)
+    return store
+
+
 def test_a_rebuild_keeps_a_remove_that_opens_a_file(tmp_path: Path) -> None:
     """Found by the simulation (seed 502 before the disk-full rework), reproduced directly: a
     data file whose first record is a REMOVE loses its dependency on the file of the ADD when
@@ -1154,23 +1171,12 @@ def test_a_rebuild_keeps_a_remove_that_opens_a_file(tmp_path: Path) -> None:
     while the ADD's file stays (another message pins it), and the next rebuild brings the
     acknowledged message back."""
     file_bytes = 16 * KiB
-    config = StoreConfig(
-        data_dir=tmp_path,
-        journal_file_bytes=file_bytes,
-        gc_interval_s=3600.0,
-        checkpoint_interval_s=3600.0,
-        compaction_live_ratio=0.0,
-    )
-
-    def reopen() -> JournalStore:
-        store = JournalStore(config)
-        store.open(lambda handles: None)
-        return store
+    config = _by_hand(tmp_path, compaction_live_ratio=0.0)
 
     def queue_x(store: JournalStore) -> list[int]:
         return [m.seq for m in store.load("/queue/x", 0, 100, 1 << 30)]
 
-    store = reopen()
+    store = _open(config)
     store.add(StoredMessage("/queue/x", 1, "acked", 1, {}, b"a" * 100), None)
     store.add(StoredMessage("/queue/x", 2, "kept", 1, {}, b"k" * 100), None)
     store.checkpoint()
@@ -1196,12 +1202,12 @@ def test_a_rebuild_keeps_a_remove_that_opens_a_file(tmp_path: Path) -> None:
     store.remove_range("/queue/w", 40)
     store.close()
     tools.rebuild_index(tmp_path, config)
-    store = reopen()
+    store = _open(config)
     assert queue_x(store) == [2]
     store.gc()
     store.close()
     tools.rebuild_index(tmp_path, config)
-    store = reopen()
+    store = _open(config)
     try:
         assert queue_x(store) == [2]
     finally:
@@ -1216,18 +1222,7 @@ def test_a_rebuild_drops_a_transacted_remove_of_a_deleted_destination(tmp_path: 
     so the commit took the new #1: a receipted message lost, and the remove's file made to
     depend on the new message's file, while that file depended on the remove's (an ack of a
     message there): neither was ever collected."""
-    config = StoreConfig(
-        data_dir=tmp_path,
-        journal_file_bytes=16 * KiB,
-        gc_interval_s=3600.0,
-        checkpoint_interval_s=3600.0,
-        compaction_live_ratio=0.5,
-    )
-
-    def reopen() -> JournalStore:
-        store = JournalStore(config)
-        store.open(lambda handles: None)
-        return store
+    config = _by_hand(tmp_path, compaction_live_ratio=0.5)
 
     def fill_to(store: JournalStore, destination: str, file_no: int) -> None:
         """Messages until the head is in `file_no`, then acked."""
@@ -1238,7 +1233,7 @@ def test_a_rebuild_drops_a_transacted_remove_of_a_deleted_destination(tmp_path: 
             store.checkpoint()
         store.remove_range(destination, seq)
 
-    store = reopen()
+    store = _open(config)
     store.add(StoredMessage("/queue/x", 1, "old", 1, {}, b"old"), None)
     fill_to(store, "/queue/f", 2)
     store.add(StoredMessage("/queue/y", 1, "y", 1, {}, b"y"), None)
@@ -1254,7 +1249,7 @@ def test_a_rebuild_drops_a_transacted_remove_of_a_deleted_destination(tmp_path: 
     assert store.head_position[0] == 3
     store.close()
     tools.rebuild_index(tmp_path, config)
-    store = reopen()
+    store = _open(config)
     try:
         assert [m.body for m in store.load("/queue/x", 0, 100, 1 << 30)] == [b"new"]
         store.remove("/queue/x", 1)
